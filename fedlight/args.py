@@ -1,0 +1,87 @@
+"""Loop settings. Field docstrings become ``fedlight fit --help`` text; defaults live here only."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fedlight.errors import check
+
+
+@dataclass
+class LRSchedule:
+    """Round learning-rate schedule ``η_r`` (r = 0-based round)."""
+
+    kind: Literal["constant", "exponential", "cosine"] = "constant"
+    """constant: η_r = η_0; exponential: η_r = η_0·decay^r; cosine: η_r = ½η_0(1 + cos(π r / R))."""
+    decay: float = 0.998
+    """Per-round factor of the exponential schedule (the seed papers use 0.998)."""
+
+    def __post_init__(self) -> None:
+        check(0 < self.decay <= 1, f"`loop.lr_schedule.decay` must be in (0, 1], got {self.decay}")
+
+    def lr(self, lr0: float, r: int, rounds: int) -> float:
+        if self.kind == "exponential":
+            return lr0 * self.decay**r
+        if self.kind == "cosine":
+            return 0.5 * lr0 * (1 + math.cos(math.pi * r / rounds))
+        return lr0
+
+
+@dataclass
+class LoopConfig:
+    """How the federated simulation runs (everything that is engineering, not an algorithm's math)."""
+
+    rounds: int = 100
+    """Communication rounds R."""
+    clients_per_round: int = 10
+    """Clients sampled each round (S), without replacement, seeded by (seed, round)."""
+    local_epochs: int | None = None
+    """Local epochs E: K = E·⌈n_i/B⌉ steps. Exactly one of local_epochs / local_steps is set (default E = 1)."""
+    local_steps: int | None = None
+    """Local steps K per round (fixed, independent of client size)."""
+    lr: float = 0.1
+    """Local learning rate η_0."""
+    lr_schedule: LRSchedule = field(default_factory=LRSchedule)
+    """Round schedule of the local learning rate."""
+    optimizer: str = "torch.optim.SGD"
+    """Local optimizer class path (rules with their own optimizer, e.g. FedAdamW, ignore it)."""
+    momentum: float = 0.0
+    """Local SGD momentum (0 in the seed papers)."""
+    weight_decay: float = 1.0e-3
+    """Local weight decay (coupled for SGD, added after clipping)."""
+    optimizer_args: dict = field(default_factory=dict)
+    """Extra keyword arguments for the local optimizer."""
+    max_grad_norm: float | None = 10.0
+    """Joint L2 clip of the local step direction; null disables."""
+    weighting: Literal["samples", "uniform"] = "samples"
+    """Aggregation weights: w_i ∝ n_i or 1/S."""
+    aggregate_buffers: bool = True
+    """Average floating-point buffers (BatchNorm running statistics) over clients."""
+    eval_every: int = 1
+    """Evaluate the global model on the test set every this many rounds (and after the last)."""
+    save_every: int = 1
+    """Write checkpoints/last.ckpt every this many rounds (and after the last)."""
+    targets: list[float] = field(default_factory=list)
+    """Test accuracies for rounds-to-target in summary.json, e.g. [0.55]."""
+    state_device: Literal["cpu", "device"] = "cpu"
+    """Where per-client state lives between rounds."""
+    progress: bool = True
+    """Show a progress bar (only when stderr is a terminal)."""
+
+    def __post_init__(self) -> None:
+        for name in ("rounds", "clients_per_round", "eval_every", "save_every"):
+            v = getattr(self, name)
+            check(isinstance(v, int) and v > 0, f"`loop.{name}` must be a positive integer, got {v!r}")
+        check(self.local_epochs is None or self.local_steps is None,
+              "set only one of `loop.local_epochs` and `loop.local_steps`")
+        for name in ("local_epochs", "local_steps"):
+            v = getattr(self, name)
+            check(v is None or (isinstance(v, int) and v > 0), f"`loop.{name}` must be a positive integer, got {v!r}")
+        check(self.lr > 0 and math.isfinite(self.lr), f"`loop.lr` must be positive, got {self.lr}")
+        check(0 <= self.momentum < 1, f"`loop.momentum` must be in [0, 1), got {self.momentum}")
+        check(self.weight_decay >= 0, f"`loop.weight_decay` must be >= 0, got {self.weight_decay}")
+        check(self.max_grad_norm is None or self.max_grad_norm > 0,
+              f"`loop.max_grad_norm` must be positive or null, got {self.max_grad_norm}")
+        check(all(0 < t <= 1 for t in self.targets), f"`loop.targets` must be accuracies in (0, 1], got {self.targets}")

@@ -1,0 +1,58 @@
+"""What fedlight ships, as tables: feeds ``fedlight ls`` and the README's generated algorithm table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedlight.errors import ConfigError
+
+
+def algorithm_rows() -> list[tuple[str, str, str, str, str]]:
+    from fedlight.registry import get_algorithm, list_algorithms
+
+    rows = []
+    for name in list_algorithms():
+        s = get_algorithm(name)
+        rows.append((name, f"fedlight.algorithms.{s.cls.__name__}", s.paper, str(s.backprops),
+                     f"{s.comm[0]:g} / {s.comm[1]:g}"))
+    return rows
+
+
+def algorithm_table_markdown() -> str:
+    head = "| name | class | paper | backprops / step | comm down / up (models) |\n|---|---|---|---|---|\n"
+    return head + "".join(f"| {' | '.join(r)} |\n" for r in algorithm_rows())
+
+
+def _names(module: str, attr: str) -> list[str]:
+    mod = __import__(module, fromlist=[attr])
+    return list(getattr(mod, attr))
+
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def recipe_paths() -> list[Path]:
+    """Every recipe under ``recipes/`` (recursive), table specs excluded."""
+    return sorted(p for p in RECIPES.rglob("*.yaml") if "tables" not in p.parts) if RECIPES.exists() else []
+
+
+def _text_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+    rows = [header, *rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def listing(what: str = "all") -> str:
+    sections = {
+        "algorithms": lambda: _text_table(algorithm_rows(),
+                                          ("name", "class", "paper", "backprops", "comm down/up")),
+        "models": lambda: "\n".join(f"fedlight.models.{n}" for n in _names("fedlight.models", "MODELS")),
+        "datasets": lambda: "\n".join(f"fedlight.data.{n}" for n in _names("fedlight.data", "DATASETS")),
+        "partitioners": lambda: "\n".join(f"fedlight.data.{n}" for n in _names("fedlight.data", "PARTITIONERS")),
+        "recipes": lambda: "\n".join(str(p.relative_to(RECIPES.parent)) for p in recipe_paths()),
+    }
+    if what == "all":
+        return "\n\n".join(f"{k}:\n{v()}" for k, v in sections.items())
+    if what not in sections:
+        raise ConfigError(f"`fedlight ls` takes one of {', '.join(sections)} (or nothing), got {what!r}")
+    return sections[what]()

@@ -1,0 +1,150 @@
+"""The ``fedlight`` command line: ``fit``, ``ls``, ``partition`` (and more as they land).
+
+``fedlight fit`` is generated from :func:`fedlight.api.fit`'s signature (jsonargparse): every
+parameter is a YAML key and a dotted flag (``--loop.rounds 3``); field docstrings are the help text.
+Bad input ends with one readable line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from fedlight.errors import ConfigError
+
+USAGE = """usage: fedlight <command> [options]
+
+commands:
+  fit        train one recipe:  fedlight fit --config recipes/quickstart.yaml [--loop.rounds 3 ...]
+  ls         list algorithms, models, datasets, partitioners and recipes
+  partition  print per-client sizes and class histograms of a recipe's data split
+  help       this message (or: fedlight <command> --help)
+"""
+
+
+def _parser(prog: str):
+    from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+
+    from fedlight import api
+
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    p = ArgumentParser(prog=prog, exit_on_error=False, description=api.fit.__doc__.split("\n")[0])
+    p.add_argument("--config", action=ActionConfigFile, help="recipe YAML file")
+    p.add_function_arguments(api.fit, skip={"_config_text"}, fail_untyped=False)
+    return p
+
+
+def _parse(prog: str, argv: list[str]):
+    """Parse and instantiate a recipe + overrides; returns (init kwargs, resolved config YAML)."""
+    from jsonargparse import ArgumentError
+
+    import fedlight.algorithms  # noqa: F401 - registers algorithms; makes short names resolvable
+
+    parser = _parser(prog)
+    try:
+        cfg = parser.parse_args(argv)
+        text = parser.dump(cfg, skip_none=False)
+        init = parser.instantiate_classes(cfg)
+    except ArgumentError as e:
+        raise ConfigError(_one_line(str(e))) from None
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, ImportError, AttributeError) as e:
+        raise ConfigError(_one_line(str(e))) from None
+    kwargs = {k: v for k, v in init.items() if k != "config"}
+    return kwargs, text
+
+
+def _one_line(msg: str) -> str:
+    lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
+    # jsonargparse nests the root cause last; keep the first line and the most specific reason.
+    return lines[0] if len(lines) == 1 else f"{lines[0]} ({lines[-1]})"
+
+
+def cmd_fit(argv: list[str]) -> int:
+    from fedlight import api
+
+    kwargs, text = _parse("fedlight fit", argv)
+    summary = api.fit(**kwargs, _config_text=text)
+    _print_summary(summary)
+    return 0
+
+
+def _print_summary(s: dict) -> None:
+    def pct(v):
+        return "-" if v is None else f"{100 * v:.2f}%"
+
+    rows = [("rounds", s["rounds_completed"]), ("final test acc", pct(s["final_test_acc"])),
+            ("best test acc", f"{pct(s['best_test_acc'])} (round {s['best_round']})"),
+            ("seconds / round", f"{s['seconds_per_round']:.3f}" if s["seconds_per_round"] else "-"),
+            ("MB down / up", f"{s['bytes_down'] / 1e6:.1f} / {s['bytes_up'] / 1e6:.1f}"),
+            ("wall time (s)", f"{s['wall_time_s']:.1f}")]
+    rows += [(f"rounds to {100 * float(t):g}%", v if v is not None else "not reached")
+             for t, v in s["rounds_to_target"].items()]
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+
+
+def cmd_partition(argv: list[str]) -> int:
+    kwargs, _ = _parse("fedlight partition", argv)
+    data = kwargs["data"]
+    data.setup("cpu", kwargs.get("seed", 0))
+    print(data.partition_report())
+    return 0
+
+
+def cmd_ls(argv: list[str]) -> int:
+    from fedlight.catalog import listing
+
+    what = argv[0] if argv else "all"
+    print(listing(what))
+    return 0
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"fit": cmd_fit, "ls": cmd_ls, "partition": cmd_partition}
+
+
+def register_command(name: str, fn: Callable[[list[str]], int], help_line: str) -> None:
+    """Add a subcommand (used by tools that plug into the CLI)."""
+    global USAGE
+    COMMANDS[name] = fn
+    USAGE = USAGE.replace("  help ", f"  {name:<10} {help_line}\n  help ", 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _load_plugins()
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"fedlight: error: unknown command {cmd!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[cmd](rest)
+    except ConfigError as e:
+        print(f"fedlight {cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedlight: interrupted; finished rounds are kept (resume with --resume auto)", file=sys.stderr)
+        return 130
+
+
+def _load_plugins() -> None:
+    """Subcommands living in other modules register themselves on import."""
+    for mod in ("fedlight.reproduce", "fedlight.tools_cli"):
+        try:
+            __import__(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+
+
+def recipes_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "recipes"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

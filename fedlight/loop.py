@@ -1,0 +1,305 @@
+"""FederatedLoop: everything that is engineering, not math.
+
+Owns Fabric, devices, precision, client sampling, seeds, the per-client state store, the local
+optimizer and lr schedule, aggregation across processes, evaluation, logging and checkpoints. It
+never special-cases an algorithm: it calls the rule contract of :mod:`fedlight.rules`.
+
+Multi-process simulation is client-parallel: each rank trains its share of the round's clients on its
+own copy of the one model instance; the weighted sums are all-reduced in float64. The model is
+never wrapped in DDP.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fedlight import params as P
+from fedlight.aggregate import Accumulator
+from fedlight.args import LoopConfig
+from fedlight.records import MetricsLog, atomic_torch_save, atomic_write_text, load_checkpoint, summarize
+from fedlight.rules import Algorithm, LocalContext, RoundInfo
+from fedlight.sampling import assign_clients, client_generator, sample_clients, seed_client_torch
+from fedlight.state import ClientStateStore
+
+
+def _import(path: str):
+    module, _, name = path.rpartition(".")
+    return getattr(__import__(module, fromlist=[name]), name)
+
+
+class FederatedLoop:
+    """Runs ``cfg.rounds`` rounds of ``algorithm`` on ``model`` and ``data`` and writes the run record.
+
+    Args:
+        fabric: a launched ``lightning.Fabric``.
+        model: the one model instance reused by every client (converted and moved here).
+        data: a :class:`~fedlight.data.FederatedDataModule` (``setup`` is called here).
+        algorithm: the rule pair.
+        cfg: loop settings.
+        seed: the run seed; every random stream derives from it.
+        out_dir: the run directory.
+    """
+
+    def __init__(self, fabric, model: nn.Module, data, algorithm: Algorithm, cfg: LoopConfig, seed: int,
+                 out_dir: Path) -> None:
+        self.fabric, self.data, self.algorithm, self.cfg, self.seed = fabric, data, algorithm, cfg, seed
+        self.out_dir = Path(out_dir)
+        self.device = fabric.device
+        self.model = fabric.strategy.precision.convert_module(model).to(self.device)
+        self.local, self.server = algorithm.local, algorithm.server
+        self.live = P.trainable(self.model)
+        self.live_buffers = P.float_buffers(self.model)
+        self.int_buffers = {n: b for n, b in self.model.named_buffers() if not b.is_floating_point()}
+        self.x = P.clone(self.live)
+        self.buffers = P.clone(self.live_buffers)
+        self.store = ClientStateStore(self.device if cfg.state_device == "device" else "cpu")
+        self.server.setup(self.x)
+        self.start_round = 0
+        self.totals = {"bytes_up": 0, "bytes_down": 0, "wall_time_s": 0.0}
+        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl")
+        opt_cls = _import(cfg.optimizer)
+        extra = {"momentum": cfg.momentum} if cfg.optimizer == "torch.optim.SGD" else {}
+        self._opt_factory = lambda ps, lr: opt_cls(ps, lr=lr, weight_decay=cfg.weight_decay, **extra,
+                                                  **cfg.optimizer_args)
+
+    # ----------------------------------------------------------------------------------------- schedule
+    def num_steps(self, client_id: int) -> int:
+        if self.cfg.local_steps is not None:
+            return self.cfg.local_steps
+        return (self.cfg.local_epochs or 1) * self.data.steps_per_epoch(client_id)
+
+    def round_lr(self, r: int) -> float:
+        return self.cfg.lr_schedule.lr(self.cfg.lr, r, self.cfg.rounds)
+
+    # ----------------------------------------------------------------------------------------- clients
+    def run_client(self, client_id: int, info: RoundInfo) -> tuple[Any, Any, LocalContext]:
+        """Train one client from the broadcast; returns (broadcast, result, context)."""
+        bc = self.server.broadcast(self.x, info, client_id)
+        P.copy_(self.live_buffers, self.buffers)
+        K = self.num_steps(client_id)
+        seed_client_torch(self.seed, info.round, client_id)
+        optimizer = self.local.make_optimizer(list(self.live.values()), info.lr, self._opt_factory)
+        ctx = LocalContext(broadcast=bc, optimizer=optimizer, lr=info.lr, num_steps=K, params=self.live,
+                           client_id=client_id, round=info.round, state=self.store.get(client_id, self.device),
+                           max_grad_norm=self.cfg.max_grad_norm, fabric=self.fabric)
+        self.model.train()
+        self.local.start(self.model, ctx)
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        gen = client_generator(self.seed, info.round, client_id)
+        for batch in self.data.client_batches(client_id, K, gen):
+            loss_sum += self.local.step(self.model, batch, ctx).double()
+        result = self.local.finish(self.model, ctx)
+        result.num_samples = self.data.num_samples(client_id)
+        result.metrics = {"train_loss": loss_sum / K, "delta_sqnorm": P.sqnorm(result.delta),
+                          **ctx.metrics, **result.metrics}
+        return bc, result, ctx
+
+    # ----------------------------------------------------------------------------------------- a round
+    def run_round(self, r: int) -> dict[str, Any]:
+        cfg, fabric = self.cfg, self.fabric
+        t0 = time.perf_counter()
+        sampled = sample_clients(self.data.num_clients, cfg.clients_per_round, self.seed, r)
+        steps = [self.num_steps(c) for c in sampled]
+        info = RoundInfo(round=r, lr=self.round_lr(r), num_steps=sum(steps) / len(steps),
+                         num_clients=self.data.num_clients, sampled=sampled)
+        mine = assign_clients(sampled, [float(s) for s in steps], fabric.world_size)[fabric.global_rank]
+        acc = Accumulator(self.server.summed_extras)
+        new_states: dict[int, dict] = {}
+        x_start = None
+        for cid in mine:
+            bc, res, ctx = self.run_client(cid, info)
+            x_start = bc.params
+            w = float(res.num_samples) if cfg.weighting == "samples" else 1.0
+            acc.add(res, w, P.float_buffers(self.model) if cfg.aggregate_buffers else {},
+                    bytes_down=bc.nbytes(), bytes_up=res.nbytes())
+            if ctx.state:
+                new_states[cid] = ctx.state
+        agg, buffers, totals = acc.reduce(fabric)
+        self._sync_states(new_states)
+        # server update
+        x_old = self.x
+        self.x = self.server.update(self.x, agg, info)
+        if cfg.aggregate_buffers and buffers:
+            self.buffers = {k: v.to(self.buffers[k].dtype) for k, v in buffers.items()}
+        for b in self.int_buffers.values():
+            b += round(info.num_steps)
+        self._check_finite(r)
+        row: dict[str, Any] = {"round": r + 1, "lr": info.lr, "train_loss": float(agg.metrics["train_loss"])}
+        # flatness distance D = Σ_i w_i‖y_{i,K} − x_{r+1}‖² (FedNSAM Def. 1; uniform when sizes are equal)
+        start = x_start if x_start is not None else x_old
+        U = P.sub(self.x, self._gather_start(start, x_old))
+        row["flatness_distance"] = float(agg.metrics["delta_sqnorm_w"] - 2 * P.dot(agg.delta, U).double()
+                                         + P.sqnorm(U))
+        row["update_norm"] = float(P.norm(P.sub(self.x, x_old)))
+        for k, v in agg.metrics.items():
+            if k not in ("train_loss", "delta_sqnorm", "delta_sqnorm_w"):
+                row[f"rule/{k}"] = float(v)
+        for k, v in self.server.diagnostics().items():
+            row[f"server/{k}"] = float(v)
+        row["bytes_down"], row["bytes_up"] = int(totals["bytes_down"]), int(totals["bytes_up"])
+        row["round_time_s"] = time.perf_counter() - t0
+        return row
+
+    def _gather_start(self, start, x_old):
+        # Rules whose clients all start from the same point send it in Broadcast.params; a rank without clients
+        # falls back to x_r. (Every rule in fedlight broadcasts a common start.)
+        return start if start is not None else x_old
+
+    def _sync_states(self, new_states: dict[int, dict]) -> None:
+        fabric = self.fabric
+        if fabric.world_size > 1:
+            cpu = {c: {k: _to(v, "cpu") for k, v in s.items()} for c, s in new_states.items()}
+            gathered: list[Any] = [None] * fabric.world_size
+            torch.distributed.all_gather_object(gathered, cpu)
+            new_states = {c: s for part in gathered for c, s in part.items()}
+        for c, s in new_states.items():
+            self.store.put(c, s)
+
+    def _check_finite(self, r: int) -> None:
+        if not bool(P.is_finite(self.x)):
+            raise FloatingPointError(f"the global model became non-finite in round {r + 1}; lower `loop.lr` or "
+                                     "check the algorithm's hyperparameters")
+
+    # ----------------------------------------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Accuracy and loss of the global model on the test set (batches strided over ranks)."""
+        from torchmetrics import MeanMetric
+        from torchmetrics.classification import MulticlassAccuracy
+
+        P.copy_(self.live, self.x)
+        P.copy_(self.live_buffers, self.buffers)
+        self.model.eval()
+        acc = MulticlassAccuracy(num_classes=self.data.num_classes, average="micro").to(self.device)
+        loss = MeanMetric().to(self.device)
+        precision = self.fabric.strategy.precision
+        for j, (xb, yb) in enumerate(self.data.test_batches()):
+            if j % self.fabric.world_size != self.fabric.global_rank:
+                continue
+            with precision.forward_context():
+                logits = self.model(precision.convert_input(xb))
+            loss.update(nn.functional.cross_entropy(logits.float(), yb, reduction="sum") / len(yb), len(yb))
+            acc.update(logits.float(), yb)
+        self.model.train()
+        return {"test_acc": float(acc.compute()), "test_loss": float(loss.compute())}
+
+    # ----------------------------------------------------------------------------------------- checkpoints
+    def checkpoint_state(self, rounds_done: int) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "round": rounds_done,
+            "params": _to(self.x, "cpu"),
+            "buffers": _to(self.buffers, "cpu"),
+            "int_buffers": _to({k: v.clone() for k, v in self.int_buffers.items()}, "cpu"),
+            "server": _to(self.server.state_dict(), "cpu"),
+            "store": self.store.state_dict(),
+            "totals": dict(self.totals),
+            "meta": self.meta(),
+        }
+
+    def meta(self) -> dict[str, Any]:
+        return {"algorithm": getattr(self.algorithm, "name", type(self.algorithm).__name__),
+                "model": type(self.model).__name__,
+                "shapes": {k: list(v.shape) for k, v in self.x.items()},
+                "num_clients": self.data.num_clients, "seed": self.seed}
+
+    def save(self, rounds_done: int) -> None:
+        if self.fabric.global_rank == 0:
+            atomic_torch_save(self.checkpoint_state(rounds_done), self.out_dir / "checkpoints" / "last.ckpt")
+        self.fabric.barrier()
+
+    def load(self, path: Path) -> None:
+        ckpt = load_checkpoint(path, map_location=self.device)
+        meta = self.meta()
+        from fedlight.errors import ConfigError
+
+        for key in ("algorithm", "model", "shapes", "num_clients", "seed"):
+            if ckpt["meta"].get(key) != meta[key]:
+                raise ConfigError(f"`resume` checkpoint {path} does not match this run: {key} is "
+                                  f"{ckpt['meta'].get(key)!r} there and {meta[key]!r} here")
+        self.x = {k: v.to(self.device) for k, v in ckpt["params"].items()}
+        self.buffers = {k: v.to(self.device) for k, v in ckpt["buffers"].items()}
+        for k, v in ckpt["int_buffers"].items():
+            self.int_buffers[k].copy_(v)
+        self.server.load_state_dict(_to(ckpt["server"], self.device))
+        self.store.load_state_dict(ckpt["store"])
+        self.totals = dict(ckpt["totals"])
+        self.start_round = int(ckpt["round"])
+
+    # ----------------------------------------------------------------------------------------- fit
+    def fit(self, logger=None) -> dict[str, Any]:
+        cfg, fabric = self.cfg, self.fabric
+        rank0 = fabric.global_rank == 0
+        if rank0:
+            self.metrics.truncate_to(self.start_round)
+        bar = _progress(cfg, rank0, self.start_round)
+        t_fit = time.perf_counter()
+        wall0 = self.totals["wall_time_s"]
+        for r in range(self.start_round, cfg.rounds):
+            row = self.run_round(r)
+            last = r + 1 == cfg.rounds
+            if (r + 1) % cfg.eval_every == 0 or last:
+                t = time.perf_counter()
+                row.update(self.evaluate())
+                row["eval_time_s"] = time.perf_counter() - t
+            self.totals["bytes_up"] += row["bytes_up"]
+            self.totals["bytes_down"] += row["bytes_down"]
+            self.totals["wall_time_s"] = wall0 + time.perf_counter() - t_fit
+            if rank0:
+                self.metrics.append(row)
+                if logger is not None:
+                    logger.log_metrics(_tb_tags(row), step=r + 1)
+            if (r + 1) % cfg.save_every == 0 or last:
+                self.save(r + 1)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(acc=self.metrics.rows[-1].get("test_acc") if self.metrics.rows else None,
+                                s_per_round=round(row["round_time_s"], 3))
+        if bar is not None:
+            bar.close()
+        summary = summarize(self.metrics.rows if rank0 else [], cfg.targets, self.totals)
+        if rank0:
+            P.copy_(self.live, self.x)
+            P.copy_(self.live_buffers, self.buffers)
+            state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+            atomic_torch_save(state, self.out_dir / "final_model.pt")
+            import json
+
+            atomic_write_text(self.out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        fabric.barrier()
+        return summary
+
+
+def _to(obj: Any, device) -> Any:
+    if isinstance(obj, Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to(v, device) for v in obj]
+    return obj
+
+
+_TB_NAMES = {"lr": "train/lr", "train_loss": "train/loss", "test_acc": "test/acc", "test_loss": "test/loss",
+             "round_time_s": "time/round_s", "eval_time_s": "time/eval_s", "bytes_up": "comm/bytes_up",
+             "bytes_down": "comm/bytes_down", "flatness_distance": "train/flatness_distance",
+             "update_norm": "server/update_norm"}
+
+
+def _tb_tags(row: dict[str, Any]) -> dict[str, float]:
+    return {_TB_NAMES.get(k, k): float(v) for k, v in row.items() if k != "round" and v is not None}
+
+
+def _progress(cfg: LoopConfig, rank0: bool, start: int):
+    import sys
+
+    if not (cfg.progress and rank0 and sys.stderr.isatty()):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=cfg.rounds, initial=start, desc="rounds", unit="round")

@@ -1,0 +1,153 @@
+"""Run records: atomic files, metrics.jsonl, summary.json, checkpoints, versions.
+
+A crash or kill never leaves a torn file behind: everything is written to a temporary file in the
+same directory and renamed over the target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedlight.errors import ConfigError
+
+CHECKPOINT_FORMAT = 1
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
+    """Load a fedlight checkpoint safely (``weights_only=True``); a clear error for missing or corrupt files."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"`resume` checkpoint not found: {path}. Use `--resume auto` or point it at an existing "
+                          "checkpoints/last.ckpt")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means the file is unusable
+        raise ConfigError(f"`resume` checkpoint {path} is corrupt or not a fedlight checkpoint ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200]}). Delete it or point `resume` at another file") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(f"`resume` checkpoint {path} is not a fedlight checkpoint (format "
+                          f"{ckpt.get('format') if isinstance(ckpt, dict) else type(ckpt).__name__})")
+    return ckpt
+
+
+class MetricsLog:
+    """``metrics.jsonl``: one JSON object per completed round, appended and fsync'ed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows: list[dict[str, Any]] = []
+
+    def truncate_to(self, rounds_done: int) -> None:
+        """Keep rows of rounds ≤ ``rounds_done`` (drops rounds written after the last checkpoint, and torn lines)."""
+        rows = []
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict) and row.get("round", 0) <= rounds_done and all(
+                        r["round"] != row["round"] for r in rows):
+                    rows.append(row)
+        self.rows = rows
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
+
+    def append(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def rounds_to_target(rows: list[dict[str, Any]], target: float, key: str = "test_acc") -> int | None:
+    """First round whose ``key`` reaches ``target`` (rounds are 1-based counts of completed rounds)."""
+    for r in rows:
+        if r.get(key) is not None and r[key] >= target:
+            return int(r["round"])
+    return None
+
+
+def summarize(rows: list[dict[str, Any]], targets: list[float], totals: dict[str, Any]) -> dict[str, Any]:
+    evals = [r for r in rows if r.get("test_acc") is not None]
+    best = max(evals, key=lambda r: r["test_acc"]) if evals else None
+    times = [r["round_time_s"] for r in rows if "round_time_s" in r]
+    return {
+        "final_test_acc": evals[-1]["test_acc"] if evals else None,
+        "final_test_loss": evals[-1]["test_loss"] if evals else None,
+        "best_test_acc": best["test_acc"] if best else None,
+        "best_round": best["round"] if best else None,
+        "rounds_completed": rows[-1]["round"] if rows else 0,
+        "rounds_to_target": {str(t): rounds_to_target(rows, t) for t in targets},
+        "final_train_loss": rows[-1].get("train_loss") if rows else None,
+        "seconds_per_round": sum(times) / len(times) if times else None,
+        **totals,
+        "versions": versions(),
+    }
+
+
+def git_revision() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict[str, Any]:
+    import lightning
+
+    import fedlight
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "fedlight": fedlight.__version__,
+        "git_revision": git_revision(),
+        "platform": platform.platform(),
+        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }

@@ -1,0 +1,252 @@
+"""The rule contract: what a client does (``LocalUpdateRule``) and what the server does (``ServerRule``).
+
+An algorithm is a pair of rules plus its shared hyperparameters (``Algorithm``). The defaults of every
+method are FedAvg, so a rule overrides only the lines of its paper's pseudocode that differ.
+Rules see only trainable parameters (``Params``); the loop averages BatchNorm statistics itself.
+Nothing here imports the loop or the data module, so rules can be used from any Fabric script.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedlight import params as P
+from fedlight.params import Params
+
+
+@dataclass
+class Broadcast:
+    """Server → sampled client, once per round."""
+
+    params: Params
+    """Where the client starts (``y_{i,0}``), usually ``x_r``."""
+    extras: dict[str, Params] = field(default_factory=dict)
+    """Model-sized vectors sent along, e.g. ``{"c": c}`` (SCAFFOLD) or ``{"m": m}`` (FedNSAM)."""
+    scalars: dict[str, float] = field(default_factory=dict)
+    """Scalars sent along, e.g. ``{"alpha": α}`` (FedWMSAM)."""
+
+    def nbytes(self) -> int:
+        """Bytes on the wire, counting every tensor and 4 bytes per scalar."""
+        return P.nbytes(self.params) + sum(P.nbytes(v) for v in self.extras.values()) + 4 * len(self.scalars)
+
+
+@dataclass
+class ClientResult:
+    """Client → server. The loop averages these into one ``ClientResult`` handed to ``ServerRule.update``."""
+
+    delta: Params
+    """``Δ_i = y_{i,K} − y_{i,0}``."""
+    num_samples: int = 0
+    """The client's ``n_i``; filled by the loop, used for sample weighting."""
+    extras: dict[str, Params] = field(default_factory=dict)
+    """Model-sized uploads besides Δ (``{"delta_c": Δc_i}``). Averaged like Δ unless the server rule
+    lists the key in ``ServerRule.summed_extras`` (then summed over clients)."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """Per-client scalars (floats or 0-dim tensors); the loop averages them uniformly over clients."""
+    upload_scalars: int = 0
+    """Extra scalars uploaded (e.g. FedAdamW's B block means), counted at 4 bytes each."""
+
+    def nbytes(self) -> int:
+        return P.nbytes(self.delta) + sum(P.nbytes(v) for v in self.extras.values()) + 4 * self.upload_scalars
+
+
+@dataclass
+class RoundInfo:
+    """What a server rule may know about the current round (all identical on every process)."""
+
+    round: int
+    """0-based index ``r`` of the round being trained."""
+    lr: float
+    """The round's local learning rate ``η_r``."""
+    num_steps: float
+    """Mean ``K`` over the sampled clients (equal for equal-size clients)."""
+    num_clients: int
+    """``N``, all clients."""
+    sampled: Sequence[int] = ()
+    """Ids of ``S_r``, the clients sampled this round."""
+
+
+def cross_entropy(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+    """Mean-reduced cross-entropy of ``model`` on ``(x, y)``."""
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+@dataclass(eq=False)
+class LocalContext:
+    """Everything one client's local training may touch. Built by the loop (or by your own script)."""
+
+    broadcast: Broadcast
+    optimizer: torch.optim.Optimizer
+    lr: float
+    """``η_r``, the round's local learning rate (the optimizer starts with it)."""
+    num_steps: int
+    """``K``, the number of local steps this client will take."""
+    params: Params
+    """The model's live trainable parameters (``trainable(model)``), the tensors rules update in place."""
+    client_id: int = 0
+    round: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+    """This client's persistent state (``c_i``, momenta); the loop loads it before ``start`` and stores it after
+    ``finish``. A client never seen before starts with an empty dict."""
+    max_grad_norm: float | None = None
+    """Joint L2 clip applied to the full direction ``d`` before the optimizer step; ``None`` disables."""
+    fabric: Any = None
+    """A ``lightning.Fabric`` for precision handling; ``None`` runs plain fp32 PyTorch."""
+    objective: Callable[[nn.Module, Any], Tensor] = cross_entropy
+    step_index: int = 0
+    """``k``: local steps taken so far (advanced by :meth:`apply`)."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """Per-client diagnostics a rule wants logged (averaged over clients by the loop)."""
+
+    def loss(self, model: nn.Module, batch: Any) -> Tensor:
+        """Forward pass under the Fabric precision context."""
+        if self.fabric is None:
+            return self.objective(model, batch)
+        precision = self.fabric.strategy.precision
+        with precision.forward_context():
+            return self.objective(model, precision.convert_input(batch))
+
+    def forward_backward(self, model: nn.Module, batch: Any) -> Tensor:
+        """Loss at the current parameters; leaves the true-scale gradient ``g`` in ``.grad``."""
+        loss = self.loss(model, batch)
+        if self.fabric is None:
+            loss.backward()
+        else:
+            self.fabric.backward(loss)
+            self.fabric.strategy.precision.unscale_gradients(self.optimizer)
+        return loss.detach()
+
+    def grads(self) -> Params:
+        """``.grad`` of every trainable parameter (zeros created for parameters that got none)."""
+        for p in self.params.values():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        return {k: p.grad for k, p in self.params.items()}
+
+    def zero_grad(self) -> None:
+        for p in self.params.values():
+            p.grad = None
+
+    def apply(self) -> None:
+        """Step with the direction now in ``.grad``: clip (joint norm), optimizer step, clear grads, ``k += 1``."""
+        grads = list(self.grads().values())
+        with torch.no_grad():
+            P.joint_clip_(grads, self.max_grad_norm)
+        if self.fabric is None:
+            self.optimizer.step()
+        else:
+            self.fabric.strategy.optimizer_step(self.optimizer)
+        self.zero_grad()
+        self.step_index += 1
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+
+class LocalUpdateRule:
+    """Client half of an algorithm: turns the broadcast into ``Δ_i``. The defaults are FedAvg.
+
+    Override only the lines that differ: ``start`` (load the broadcast, set up per-client buffers),
+    ``step`` (one local step on one batch; returns the loss), ``finish`` (build the upload).
+    """
+
+    needs_true_grad_norm: bool = False
+    """True for rules that take gradient norms (SAM family): they refuse ``16-mixed`` precision."""
+
+    def make_optimizer(self, params: list[Tensor], lr: float, default: Callable[..., torch.optim.Optimizer]):
+        """The local optimizer for one client's round; default: the loop's (SGD, wd 1e-3)."""
+        return default(params, lr=lr)
+
+    def start(self, model: nn.Module, ctx: LocalContext) -> None:
+        """``y_{i,0} ← broadcast.params``."""
+        P.copy_(ctx.params, ctx.broadcast.params)
+
+    def step(self, model: nn.Module, batch: Any, ctx: LocalContext) -> Tensor:
+        """``d = g``; clip; optimizer step."""
+        loss = ctx.forward_backward(model, batch)
+        ctx.apply()
+        return loss
+
+    def finish(self, model: nn.Module, ctx: LocalContext) -> ClientResult:
+        """Upload ``Δ_i = y_{i,K} − y_{i,0}``."""
+        return ClientResult(delta=P.sub(ctx.params, ctx.broadcast.params))
+
+
+class ServerRule:
+    """Server half of an algorithm: sends the broadcast and turns the averaged result into ``x_{r+1}``.
+
+    Args:
+        lr: ``η_g``, the server (global) learning rate.
+    """
+
+    summed_extras: frozenset[str] = frozenset()
+    """Keys of ``ClientResult.extras`` the loop sums over clients instead of averaging."""
+    state_keys: tuple[str, ...] = ()
+    """Attributes that make up the server state (tensors, dicts of tensors, floats); saved in checkpoints."""
+
+    def __init__(self, lr: float = 1.0) -> None:
+        self.lr = lr
+
+    def setup(self, params: Params) -> None:
+        """Allocate state (e.g. ``m = 0``) shaped like the global parameters ``x_0``."""
+
+    def broadcast(self, params: Params, info: RoundInfo, client_id: int) -> Broadcast:
+        """What client ``client_id`` receives in round ``info.round``; default ``x_r``."""
+        return Broadcast(params)
+
+    def aggregate(self, results: Sequence[ClientResult], weighting: str = "samples") -> ClientResult:
+        """Weighted mean of client results (the loop computes the same across processes itself).
+
+        Provided for standalone scripts and robust-aggregation overrides.
+        """
+        w = [float(r.num_samples) if weighting == "samples" else 1.0 for r in results]
+        total = sum(w)
+        delta = P.lincomb((wi / total, r.delta) for wi, r in zip(w, results))
+        extras = {
+            k: P.lincomb((1.0 if k in self.summed_extras else wi / total, r.extras[k]) for wi, r in zip(w, results))
+            for k in results[0].extras
+        }
+        metrics = {k: sum(float(r.metrics[k]) for r in results) / len(results) for k in results[0].metrics}
+        return ClientResult(delta, int(sum(r.num_samples for r in results)), extras, metrics)
+
+    def update(self, params: Params, agg: ClientResult, info: RoundInfo) -> Params:
+        """``x ← x + η_g·Δ̄``."""
+        return P.add(params, agg.delta, self.lr)
+
+    def diagnostics(self) -> dict[str, float]:
+        """Per-round scalars to log under ``server/`` (e.g. ‖m‖)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.state_keys}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k in self.state_keys:
+            setattr(self, k, state[k])
+
+
+class Algorithm:
+    """A ``LocalUpdateRule`` + ``ServerRule`` pair, holding the hyperparameters both halves share.
+
+    Subclasses build ``self.local`` and ``self.server`` in ``__init__`` from typed arguments (the recipe's
+    ``algorithm.init_args``) and are registered with :func:`fedlight.registry.register`.
+    """
+
+    local: LocalUpdateRule
+    server: ServerRule
+    name: str = "custom"
+
+    def __init__(self, local: LocalUpdateRule | None = None, server: ServerRule | None = None) -> None:
+        self.local = local if local is not None else LocalUpdateRule()
+        self.server = server if server is not None else ServerRule()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

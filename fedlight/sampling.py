@@ -1,0 +1,42 @@
+"""Seeds and client sampling. Every random stream derives from (seed, round[, client]), never from the rank."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_SAMPLE, _DATA, _TORCH = 0, 1, 2
+
+
+def derive_seed(*keys: int) -> int:
+    """A 63-bit seed that depends on every key (``numpy.random.SeedSequence`` hashing)."""
+    state = np.random.SeedSequence([int(k) for k in keys]).generate_state(2, dtype=np.uint32)
+    return (int(state[0]) << 31) ^ int(state[1])
+
+
+def sample_clients(num_clients: int, k: int, seed: int, round: int) -> list[int]:
+    """``S_r``: ``k`` distinct client ids, sorted, a pure function of (seed, round)."""
+    rng = np.random.default_rng(derive_seed(seed, round, _SAMPLE))
+    return sorted(int(i) for i in rng.choice(num_clients, size=k, replace=False))
+
+
+def client_generator(seed: int, round: int, client_id: int) -> torch.Generator:
+    """CPU generator for one client's data order and augmentation in one round."""
+    return torch.Generator().manual_seed(derive_seed(seed, round, client_id, _DATA))
+
+
+def seed_client_torch(seed: int, round: int, client_id: int) -> None:
+    """Seed torch's default generators (dropout etc.) for one client's round, identically on every rank."""
+    torch.manual_seed(derive_seed(seed, round, client_id, _TORCH))
+
+
+def assign_clients(clients: list[int], work: list[float], world_size: int) -> list[list[int]]:
+    """Split clients over ranks, largest work first onto the least-loaded rank (deterministic)."""
+    order = sorted(range(len(clients)), key=lambda j: (-work[j], clients[j]))
+    loads = [0.0] * world_size
+    out: list[list[int]] = [[] for _ in range(world_size)]
+    for j in order:
+        r = min(range(world_size), key=lambda q: (loads[q], q))
+        out[r].append(clients[j])
+        loads[r] += work[j]
+    return [sorted(o) for o in out]
