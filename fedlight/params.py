@@ -35,8 +35,9 @@ def zeros_like(p: Params) -> Params:
 
 def copy_(dst: Params, src: Params) -> Params:
     """``dst ← src`` in place (works on live parameters)."""
-    with torch.no_grad():
-        torch._foreach_copy_(list(dst.values()), [src[k] for k in dst])
+    if dst:
+        with torch.no_grad():
+            torch._foreach_copy_(list(dst.values()), [src[k] for k in dst])
     return dst
 
 

@@ -104,6 +104,10 @@ class LocalContext:
     """``k``: local steps taken so far (advanced by :meth:`apply`)."""
     metrics: dict[str, Any] = field(default_factory=dict)
     """Per-client diagnostics a rule wants logged (averaged over clients by the loop)."""
+    lr_sum: float = 0.0
+    """``Σ_k η_k`` over the steps taken so far (``K·η_r`` when the lr is constant within the round)."""
+    scratch: dict[str, Any] = field(default_factory=dict)
+    """Per-client working memory of a rule for this round (not persisted)."""
 
     def loss(self, model: nn.Module, batch: Any) -> Tensor:
         """Forward pass under the Fabric precision context."""
@@ -137,6 +141,7 @@ class LocalContext:
     def apply(self) -> None:
         """Step with the direction now in ``.grad``: clip (joint norm), optimizer step, clear grads, ``k += 1``."""
         grads = list(self.grads().values())
+        self.lr_sum += self.optimizer.param_groups[0]["lr"]
         with torch.no_grad():
             P.joint_clip_(grads, self.max_grad_norm)
         if self.fabric is None:

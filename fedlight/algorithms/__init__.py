@@ -1,7 +1,16 @@
-"""Every algorithm fedlight ships, one file per paper. Importing this package registers them all."""
+"""Every algorithm fedlight ships, one file per paper. Importing this package registers them all.
 
-from fedlight.algorithms.fedavg import FedAvg
-from fedlight.algorithms.fedavgm import FedAvgM
-from fedlight.algorithms.fedprox import FedProx
+Each module registers its ``Algorithm`` subclasses with ``@register``; they are re-exported here so
+recipes can say ``class_path: fedlight.algorithms.FedNSAM``.
+"""
 
-__all__ = ["FedAvg", "FedAvgM", "FedProx"]
+import importlib
+import pkgutil
+
+from fedlight.registry import _REGISTRY
+
+for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_m}")
+
+globals().update({spec.cls.__name__: spec.cls for spec in _REGISTRY.values()})
+__all__ = sorted(spec.cls.__name__ for spec in _REGISTRY.values())

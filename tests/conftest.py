@@ -1,0 +1,17 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+if "FEDLIGHT_DATA" not in os.environ and (ROOT.parent / "shared" / "data").exists():
+    os.environ["FEDLIGHT_DATA"] = str(ROOT.parent / "shared" / "data")
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch):
+    """Decoded-dataset cache shared by the session, never the user's ~/.cache."""
+    if "FEDLIGHT_CACHE" not in os.environ:
+        monkeypatch.setenv("FEDLIGHT_CACHE", str(tmp_path_factory.getbasetemp() / "fedlight-cache"))

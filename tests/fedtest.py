@@ -1,0 +1,93 @@
+"""Test helpers: a tiny softmax-regression problem, a loop without files, and a numpy reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch import nn
+
+from fedlight.args import LoopConfig
+from fedlight.data import TensorClients
+from fedlight.loop import FederatedLoop
+
+D, C = 3, 3  # features, classes
+
+
+def problem(num_clients: int = 3, n: int = 4, seed: int = 0):
+    """Client data exactly representable in float32 (multiples of 1/4), and an initial (W, b)."""
+    rng = np.random.default_rng(seed)
+    clients = []
+    for _ in range(num_clients):
+        x = rng.integers(-4, 5, size=(n, D)) / 4.0
+        y = rng.integers(0, C, size=n)
+        clients.append((x, y))
+    W0 = rng.integers(-4, 5, size=(C, D)) / 8.0
+    b0 = rng.integers(-4, 5, size=C) / 8.0
+    return clients, {"weight": W0, "bias": b0}
+
+
+def linear_model(theta0: dict[str, np.ndarray]) -> nn.Module:
+    m = nn.Linear(D, C)
+    with torch.no_grad():
+        m.weight.copy_(torch.tensor(theta0["weight"]))
+        m.bias.copy_(torch.tensor(theta0["bias"]))
+    return m
+
+
+def make_loop(algorithm, clients, model: nn.Module, *, rounds: int = 2, local_steps: int = 2, lr: float = 0.1,
+              clients_per_round: int | None = None, precision: str = "64-true", weight_decay: float = 0.0,
+              max_grad_norm: float | None = None, seed: int = 0, batch_size: int | None = None,
+              out_dir: str | Path = "unused", **loop_kwargs) -> FederatedLoop:
+    """A FederatedLoop on CPU over ``clients`` (numpy or torch pairs); full-batch by default."""
+    pairs = [(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.long)) for x, y in clients]
+    B = batch_size or max(len(y) for _, y in pairs)
+    data = TensorClients(pairs, test=pairs[0], batch_size=B, num_classes=C if model.__class__ is nn.Linear else None)
+    fabric = L.Fabric(accelerator="cpu", devices=1, precision=precision)
+    data.setup(fabric.device, seed)
+    cfg = LoopConfig(rounds=rounds, clients_per_round=clients_per_round or len(pairs), local_steps=local_steps,
+                     lr=lr, weight_decay=weight_decay, max_grad_norm=max_grad_norm, progress=False, **loop_kwargs)
+    return FederatedLoop(fabric, model, data, algorithm, cfg, seed, Path(out_dir))
+
+
+def run_rounds(loop: FederatedLoop, rounds: int) -> dict[str, np.ndarray]:
+    rows = [loop.run_round(r) for r in range(rounds)]
+    loop.rows = rows
+    return {k: v.detach().cpu().double().numpy() for k, v in loop.x.items()}
+
+
+# ---------------------------------------------------------------- numpy reference (the derivations use these)
+def grad(theta: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+    """∇ of mean cross-entropy of softmax(x Wᵀ + b) at θ = (W, b)."""
+    z = x @ theta["weight"].T + theta["bias"]
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(len(y)), y] -= 1.0
+    p /= len(y)
+    return {"weight": p.T @ x, "bias": p.sum(0)}
+
+
+def loss(theta, x, y) -> float:
+    z = x @ theta["weight"].T + theta["bias"]
+    z = z - z.max(1, keepdims=True)
+    return float(np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(len(y)), y]))
+
+
+def lin(*terms):
+    """Σ s·θ over (s, θ) pairs of dicts."""
+    out = {k: np.zeros_like(v) for k, v in terms[0][1].items()}
+    for s, t in terms:
+        for k in out:
+            out[k] = out[k] + s * t[k]
+    return out
+
+
+def norm(t) -> float:
+    return float(np.sqrt(sum(np.sum(v * v) for v in t.values())))
+
+
+def assert_params_close(got: dict, want: dict, tol: float = 1e-10) -> None:
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=0, atol=tol, err_msg=k)
