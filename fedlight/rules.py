@@ -138,12 +138,13 @@ class LocalContext:
         for p in self.params.values():
             p.grad = None
 
-    def apply(self) -> None:
-        """Step with the direction now in ``.grad``: clip (joint norm), optimizer step, clear grads, ``k += 1``."""
+    def apply(self, clip: bool = True) -> None:
+        """Step with the direction now in ``.grad``: clip (joint norm, unless ``clip=False`` because the rule
+        clipped an earlier quantity itself), optimizer step, clear grads, ``k += 1``."""
         grads = list(self.grads().values())
         self.lr_sum += self.optimizer.param_groups[0]["lr"]
         with torch.no_grad():
-            P.joint_clip_(grads, self.max_grad_norm)
+            P.joint_clip_(grads, self.max_grad_norm if clip else None)
         if self.fabric is None:
             self.optimizer.step()
         else:
