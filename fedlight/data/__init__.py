@@ -1,0 +1,38 @@
+"""Federated datasets: a train set split over clients, a global test set, batches built on the device."""
+
+from fedlight.data.augment import CropFlip
+from fedlight.data.base import FederatedDataModule
+from fedlight.data.partition import IID, Dirichlet, Partitioner, Pathological
+from fedlight.data.synthetic import Synthetic, TensorClients
+from fedlight.data.vision import CIFAR10, CIFAR100, FashionMNIST, ImageFolder, OfficeHome, TinyImageNet
+
+DATASETS = (
+    "FashionMNIST",
+    "CIFAR10",
+    "CIFAR100",
+    "ImageFolder",
+    "TinyImageNet",
+    "OfficeHome",
+    "Synthetic",
+    "TensorClients",
+)
+PARTITIONERS = ("IID", "Dirichlet", "Pathological")
+
+__all__ = [
+    "CIFAR10",
+    "CIFAR100",
+    "DATASETS",
+    "IID",
+    "PARTITIONERS",
+    "CropFlip",
+    "Dirichlet",
+    "FashionMNIST",
+    "FederatedDataModule",
+    "ImageFolder",
+    "OfficeHome",
+    "Partitioner",
+    "Pathological",
+    "Synthetic",
+    "TensorClients",
+    "TinyImageNet",
+]

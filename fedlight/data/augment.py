@@ -1,0 +1,71 @@
+"""Batched image augmentation as tensor ops on the device (no per-sample Python, no DataLoader).
+
+Parameters are drawn separately (:meth:`CropFlip.sample`, on CPU, from a given ``torch.Generator``) from
+their application (:meth:`CropFlip.apply`, on the device), so a caller can draw all of them up front,
+move them to the device in one copy and slice per batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def crop_flip(x: Tensor, shift_y: Tensor, shift_x: Tensor, flip: Tensor) -> Tensor:
+    """Shift each image with zero fill, then mirror it left-right where ``flip`` is set.
+
+    ``out[b, :, i, j] = x[b, :, i + shift_y[b], j' + shift_x[b]]`` with ``j' = W-1-j`` when ``flip[b]``
+    (else ``j``), and 0 where the source lies outside the image. A shift ``s`` in ``[-pad, pad]`` is
+    exactly torchvision's ``RandomCrop(size, padding=pad)`` at offset ``s + pad`` of the zero-padded image,
+    followed by ``RandomHorizontalFlip``.
+
+    Args:
+        x: Images ``[B, C, H, W]`` of any dtype (uint8 in fedlight, so the fill is raw pixel 0).
+        shift_y: ``[B]`` integer row shifts.
+        shift_x: ``[B]`` integer column shifts.
+        flip: ``[B]`` bool, mirror after the shift.
+
+    Returns:
+        A new contiguous tensor shaped and typed like ``x``.
+    """
+    b, _, h, w = x.shape
+    rows = torch.arange(h, device=x.device)[None, :] + shift_y[:, None]  # [B, H]
+    cols = torch.arange(w, device=x.device).expand(b, w)
+    cols = torch.where(flip[:, None], w - 1 - cols, cols) + shift_x[:, None]  # [B, W]
+    valid = ((rows >= 0) & (rows < h))[:, :, None] & ((cols >= 0) & (cols < w))[:, None, :]  # [B, H, W]
+    batch = torch.arange(b, device=x.device)[:, None, None]
+    out = x[batch, :, rows.clamp(0, h - 1)[:, :, None], cols.clamp(0, w - 1)[:, None, :]]  # [B, H, W, C]
+    out = out.masked_fill(~valid[..., None], 0)
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+@dataclass(frozen=True)
+class CropFlip:
+    """Random crop with zero padding plus random horizontal flip (the standard CIFAR recipe).
+
+    Applied to the raw uint8 pixels before normalisation, so the padding is black (pixel 0), as with
+    torchvision's ``RandomCrop(32, padding=4)`` on a PIL image before ``ToTensor``/``Normalize``
+    (the seed papers' "J" code). FedDyn-style code pads after normalisation instead (fill = mean).
+
+    Args:
+        pad: Padding in pixels on each side; the crop offset is uniform in ``[0, 2 * pad]``.
+        flip: Whether to flip left-right with probability 1/2.
+    """
+
+    pad: int = 4
+    flip: bool = True
+
+    def sample(self, n: int, generator: torch.Generator) -> Tensor:
+        """Draw parameters for ``n`` images on CPU: an int64 ``[n, 3]`` tensor (shift_y, shift_x, flip)."""
+        shifts = torch.randint(-self.pad, self.pad + 1, (n, 2), generator=generator)
+        if self.flip:
+            flips = torch.randint(0, 2, (n, 1), generator=generator)
+        else:
+            flips = torch.zeros(n, 1, dtype=torch.int64)
+        return torch.cat([shifts, flips], dim=1)
+
+    def apply(self, x: Tensor, params: Tensor) -> Tensor:
+        """Augment the batch ``x`` ``[B, C, H, W]`` with the rows of ``params`` (on ``x``'s device)."""
+        return crop_flip(x, params[:, 0], params[:, 1], params[:, 2].bool())

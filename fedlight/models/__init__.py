@@ -1,0 +1,54 @@
+"""Models: plain ``nn.Module`` classes that know nothing of federated learning.
+
+A recipe names one as ``model: {class_path: fedlight.models.ResNet18, init_args: {...}}``. The timm-based models
+(``ViTTiny``, ``Timm``, ``LoRA``) are imported on first use, so importing this package does not import timm.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fedlight.models.cnn import MLP, VGG11, LeNet5, SmallCNN
+from fedlight.models.resnet import ResNet, ResNet18, ResNet34, ResNet50
+
+if TYPE_CHECKING:
+    from fedlight.models.timm import LoRA, Timm
+    from fedlight.models.vit import ViTTiny
+
+MODELS: tuple[str, ...] = (
+    "MLP",
+    "LeNet5",
+    "VGG11",
+    "SmallCNN",
+    "ResNet18",
+    "ResNet34",
+    "ResNet50",
+    "ViTTiny",
+    "Timm",
+)
+"""Names of the models a recipe can use (``fedlight ls``)."""
+
+_LAZY = {"ViTTiny": "fedlight.models.vit", "Timm": "fedlight.models.timm", "LoRA": "fedlight.models.timm"}
+
+__all__ = [
+    "MODELS",
+    "LoRA",
+    "LeNet5",
+    "MLP",
+    "ResNet",
+    "ResNet18",
+    "ResNet34",
+    "ResNet50",
+    "SmallCNN",
+    "Timm",
+    "VGG11",
+    "ViTTiny",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
