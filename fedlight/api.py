@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from fedlight.args import LoopConfig
+from fedlight.data import FederatedDataModule
 from fedlight.errors import ConfigError, check
 from fedlight.rules import Algorithm
 
@@ -18,7 +19,7 @@ _RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "tb
 
 def fit(
     model: nn.Module,
-    data: Any,
+    data: FederatedDataModule,
     algorithm: Algorithm | None = None,
     loop: LoopConfig = LoopConfig(),  # noqa: B008 - a frozen-by-convention default; jsonargparse reads it
     seed: int = 0,

@@ -44,8 +44,8 @@ def _parse(prog: str, argv: list[str]):
     parser = _parser(prog)
     try:
         cfg = parser.parse_args(argv)
-        text = parser.dump(cfg, skip_none=False)
-        init = parser.instantiate_classes(cfg)
+        text = parser.dump(cfg)
+        init = parser.instantiate(cfg)
     except ArgumentError as e:
         raise ConfigError(_one_line(str(e))) from None
     except ConfigError:

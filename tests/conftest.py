@@ -15,3 +15,10 @@ def _cache_dir(tmp_path_factory, monkeypatch):
     """Decoded-dataset cache shared by the session, never the user's ~/.cache."""
     if "FEDLIGHT_CACHE" not in os.environ:
         monkeypatch.setenv("FEDLIGHT_CACHE", str(tmp_path_factory.getbasetemp() / "fedlight-cache"))
+
+
+def pytest_configure(config):
+    # Tiny tensors: thread fan-out costs more than it saves, and CI has 2 cores.
+    import torch
+
+    torch.set_num_threads(1)

@@ -91,3 +91,31 @@ def norm(t) -> float:
 def assert_params_close(got: dict, want: dict, tol: float = 1e-10) -> None:
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=0, atol=tol, err_msg=k)
+
+
+# ---------------------------------------------------------------- a tiny image problem with BatchNorm
+def image_clients(num_clients: int = 4, n: int = 12, classes: int = 3, size: int = 8, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(num_clients):
+        y = torch.randint(0, classes, (n,), generator=g)
+        x = torch.randn(n, 1, size, size, generator=g) + y.view(-1, 1, 1, 1) * 0.5 + 0.1 * i
+        out.append((x, y))
+    return out
+
+
+def tiny_cnn(seed: int = 0):
+    from fedlight.models import SmallCNN
+
+    torch.manual_seed(seed)
+    return SmallCNN(in_channels=1, num_classes=3, width=4, norm="batch")
+
+
+def contract_loop(name: str, rounds: int = 2, out_dir="unused", **kw) -> FederatedLoop:
+    """The contract setting: 4 clients, 3 per round, minibatch 4, K = 3, 32-true, defaults of the rule."""
+    import fedlight
+
+    args = dict(local_steps=3, lr=0.05, clients_per_round=3, precision="32-true", weight_decay=1e-3,
+                max_grad_norm=10.0, batch_size=4, rounds=rounds, out_dir=out_dir)
+    args.update(kw)
+    return make_loop(fedlight.create(name), image_clients(), tiny_cnn(), **args)

@@ -1,0 +1,188 @@
+"""FedNSAM and its -S/-D variants (Liu et al., ACM MM 2025, "FedNSAM: Consistency of Local and Global Flatness
+for Federated Learning", arXiv:2602.23827).
+
+FedNSAM uses the global Nesterov momentum twice in every local step: as a look-ahead (extrapolation)
+and as the direction of the sharpness perturbation, so one backprop per step suffices (Alg. 1).
+State: server momentum ``m`` (zeros). ``λ = 0.85``, ``ρ = 0.1``.
+  broadcast          x_r and m
+  local step k       ỹ = y_k + λ·m                                         (extrapolate)
+                     δ = −ρ·m/‖m‖   (0 when m = 0)                          (perturb)
+                     d = ∇ℓ(ỹ + δ)                                          (one backprop)
+                     y_{k+1} = y_k − η·d  (SGD, wd, clip as usual)
+  upload             Δ_i = y_{i,K} − x_r
+  server             m ← λ·m + Δ̄;  x ← x + m
+
+Sign of δ. ``m`` accumulates Δ̄, the averaged client *update*, so it points downhill; the global ascent
+direction is ``−m`` and ``δ = −ρ·m/‖m‖`` is a SAM-style ascent perturbation along the global momentum
+(the released ``optimizer/Nesterov.py`` evaluates the gradient at ``y + λm − ρm/‖m‖``, the same sign).
+Extrapolation and perturbation are both constant offsets of ``y`` for the whole round, so they form one
+:class:`NesterovPerturbation` ``e = λm + δ`` that :class:`~fedlight.algorithms.compose.ComposedClient` adds
+before its single forward/backward (BatchNorm statistics are updated once, at ``ỹ + δ``). ``‖m‖`` is not a
+gradient norm, so unlike SAM the default client accepts ``16-mixed`` precision.
+
+Note (checked in the tests): because ``e`` is constant within the round, with weight decay 0 the iterates
+``y_k + λm`` are exactly those of a client that starts once from the look-ahead ``x_r + λm`` (FedACG-style)
+and perturbs by ``δ``; Δ_i and ``x_{r+1}`` are identical. With weight decay the two differ by the decay of
+``λm`` (SGD decays ``y_k``, not ``ỹ``). The loop's flatness distance ``D = (1/S)Σ‖y_{i,K} − x_{r+1}‖²``
+(Definition 1) is measured from ``y_{i,K} = x_r + Δ_i``, the client's iterate, and ``x_{r+1} = mean y_{i,K} + λm``,
+so here it includes ``λ²‖m_r‖²`` on top of the clients' spread.
+
+Ablations (Table 6), all options of ``fednsam``:
+  * "FedNSAM − Nesterov": ``extrapolate=False`` (δ kept, ``e = δ``; the server momentum is kept).
+  * "FedAvg + Nesterov": ``rho=0`` (extrapolation only).
+  * "FedSAM + Nesterov": ``perturbation="local_sam"`` with ``sam_rho`` (extrapolation + local-gradient SAM;
+    see below: for a constant offset, starting once from ``x_r + λm`` is the per-step extrapolation).
+  * ``lam=0, rho=0`` is FedAvg exactly.
+
+Released code (``perturbation="local_sam"``, off by default). The authors' runnable client
+(``main_FedNSAM.py::update_NSAM``) starts once from ``y_0 = x_r + λm`` and then runs ordinary
+local-gradient SAM (``e = ρ_s·g/‖g‖``, two backprops, ρ_s = 0.05 hard-coded), uploading
+``Δ_i = y_{i,K} − y_0``; with the server above, ``x_{r+1} = mean y_{i,K}``. Here the server broadcasts the
+single vector ``x_r + λm`` (1 model down) and the SAM radius is ``sam_rho``; ``extrapolate=False`` starts
+from ``x_r``. This is the code path behind the repository's runs (README commands); whether the paper's
+tables came from it is not known. One copy of the released server forgets the momentum every round
+(``m = (1 + λ)Δ̄``); that bug is not offered.
+
+Variants (Table 5; the paper gives no detail and no code was released, so the composition is ours):
+  * FedNSAM-S: ``d = ∇ℓ(ỹ + δ) + c − c_i`` with SCAFFOLD's option-II control variates; the server is the
+    SCAFFOLD server wrapped around the momentum server: ``m ← λm + Δ̄; x ← x + m; c ← c + (1/N)ΣΔc_i``.
+    ``c_i⁺ = c_i − c + (x_r − y_{i,K})/(Kη)``. Cost 3/2 (x, m, c down; Δ, Δc up).
+  * FedNSAM-D: ``d = ∇ℓ(ỹ + δ) − ∇L_i + α(y − x_r)`` with FedDyn's dual update; the server is the FedDyn
+    server wrapped around the momentum server: ``h ← h − α(|S|/N)Δ̄; m ← λm + Δ̄; x ← x + m − h/α``.
+    The momentum accumulates the clients' Δ̄ only; the FedDyn offset ``−h/α`` is applied on top of it (as
+    FedDyn applies it on top of the plain average), not fed into ``m``. Cost 2/1.
+  With ``lam=0, rho=0`` the variants are SCAFFOLD and FedDyn exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fedlight import params as P
+from fedlight.algorithms.compose import ComposedClient, Perturbation
+from fedlight.algorithms.fedavgm import MomentumServer
+from fedlight.algorithms.feddyn import DynCorrection, DynServer
+from fedlight.algorithms.fedsam import SAMPerturbation
+from fedlight.algorithms.scaffold import ScaffoldCorrection, ScaffoldServer
+from fedlight.errors import check
+from fedlight.registry import register
+from fedlight.rules import Algorithm, Broadcast
+
+
+class NesterovPerturbation(Perturbation):
+    """``e = λ·m + δ`` with ``δ = −ρ·m/‖m‖``, fixed for the round (no extra backprop).
+
+    Args:
+        lam: λ, the extrapolation coefficient.
+        rho: ρ, the perturbation radius.
+        extrapolate: add ``λm`` (``False``: "FedNSAM − Nesterov", ``e = δ``).
+    """
+
+    uses_backprop = False
+
+    def __init__(self, lam: float, rho: float, extrapolate: bool = True) -> None:
+        self.lam, self.rho, self.extrapolate = lam, rho, extrapolate
+
+    def start(self, model, ctx):
+        m = ctx.broadcast.extras["m"]
+        delta = P.scale(P.unit(m), -self.rho)  # δ = −ρ·m/‖m‖ (0 when m = 0)
+        e = P.add(delta, m, self.lam) if self.extrapolate else delta  # e = λm + δ, so y + e = ỹ + δ
+        ctx.scratch["nsam_e"] = e
+        ctx.metrics["perturbation_norm"] = P.norm(delta)  # ‖δ‖ (ρ, or 0 while m = 0)
+        ctx.metrics["offset_norm"] = P.norm(e)  # ‖λm + δ‖
+
+    def __call__(self, model, batch, ctx):
+        return ctx.scratch["nsam_e"], None  # d = ∇ℓ(y + e) is taken by ComposedClient
+
+
+class NesterovServer(MomentumServer):
+    """``m ← λ·m + Δ̄; x ← x + m`` (FedAvgM's server with β = λ, η_g = 1) that also sends the momentum.
+
+    Args:
+        lam: λ.
+        send: ``"m"`` broadcasts ``x_r`` and ``m`` (FedNSAM); ``"lookahead"`` broadcasts the single start
+            point ``x_r + λm`` (the released client); ``"x"`` broadcasts ``x_r`` only.
+    """
+
+    def __init__(self, lam: float, send: Literal["m", "lookahead", "x"] = "m") -> None:
+        super().__init__(beta=lam, lr=1.0)
+        self.send = send
+
+    def broadcast(self, params, info, client_id):
+        if self.send == "m":
+            return Broadcast(params, extras={"m": self.m})
+        if self.send == "lookahead":
+            return Broadcast(P.add(params, self.m, self.beta))  # y_0 = x_r + λm
+        return Broadcast(params)
+
+
+def _check_common(lam: float, rho: float) -> None:
+    check(0 <= lam < 1, f"`algorithm.lam` must be in [0, 1), got {lam}")
+    check(rho >= 0, f"`algorithm.rho` must be >= 0, got {rho}")
+
+
+def _nsam_client(lam: float, rho: float, extrapolate: bool, corrections=()) -> ComposedClient:
+    client = ComposedClient(NesterovPerturbation(lam, rho, extrapolate), corrections)
+    client.needs_true_grad_norm = False  # ‖m‖ is not a gradient norm: loss scaling cannot corrupt it
+    return client
+
+
+@register("fednsam", paper="Liu et al., ACM MM 2025", backprops=1, comm=(2, 1))
+class FedNSAM(Algorithm):
+    """FedNSAM: global Nesterov momentum as look-ahead and as the sharpness-perturbation direction.
+
+    Args:
+        lam: λ, server momentum and extrapolation coefficient (0 ≤ λ < 1).
+        rho: ρ, radius of the momentum-direction perturbation ``δ = −ρ·m/‖m‖`` (≥ 0; ``lam=0, rho=0`` is FedAvg).
+        extrapolate: evaluate gradients at the look-ahead ``y + λm`` (``False``: Table 6's "FedNSAM − Nesterov").
+        perturbation: ``momentum`` (the paper, one backprop) or ``local_sam`` (the released code: start once
+            from ``x_r + λm``, then local-gradient SAM with ``sam_rho``, two backprops, 1 model down; ``rho``
+            unused). ``local_sam`` is also Table 6's "FedSAM + Nesterov".
+        sam_rho: SAM radius of ``perturbation=local_sam`` (≥ 0; the released code hard-codes 0.05).
+    """
+
+    def __init__(self, lam: float = 0.85, rho: float = 0.1, extrapolate: bool = True,
+                 perturbation: Literal["momentum", "local_sam"] = "momentum", sam_rho: float = 0.05) -> None:
+        _check_common(lam, rho)
+        check(perturbation in ("momentum", "local_sam"),
+              f"`algorithm.perturbation` must be 'momentum' or 'local_sam', got {perturbation!r}")
+        check(sam_rho >= 0, f"`algorithm.sam_rho` must be >= 0, got {sam_rho}")
+        if perturbation == "momentum":
+            super().__init__(_nsam_client(lam, rho, extrapolate), NesterovServer(lam, "m"))
+        else:  # released client: y_0 = x_r + λm once, SAM steps, Δ_i = y_{i,K} − y_0
+            super().__init__(ComposedClient(SAMPerturbation(sam_rho)),
+                             NesterovServer(lam, "lookahead" if extrapolate else "x"))
+
+
+@register("fednsam_s", paper="Liu et al., ACM MM 2025 (FedNSAM-S)", backprops=1, comm=(3, 2), stateful_clients=True)
+class FedNSAMS(Algorithm):
+    """FedNSAM-S: FedNSAM plus SCAFFOLD's control variates (``d += c − c_i``, SCAFFOLD server around the momentum).
+
+    Args:
+        lam: λ, server momentum and extrapolation coefficient (0 ≤ λ < 1).
+        rho: ρ, radius of the momentum-direction perturbation (≥ 0).
+        extrapolate: evaluate gradients at the look-ahead ``y + λm``.
+    """
+
+    def __init__(self, lam: float = 0.85, rho: float = 0.1, extrapolate: bool = True) -> None:
+        _check_common(lam, rho)
+        super().__init__(_nsam_client(lam, rho, extrapolate, [ScaffoldCorrection()]),
+                         ScaffoldServer(NesterovServer(lam, "m")))
+
+
+@register("fednsam_d", paper="Liu et al., ACM MM 2025 (FedNSAM-D)", backprops=1, comm=(2, 1), stateful_clients=True)
+class FedNSAMD(Algorithm):
+    """FedNSAM-D: FedNSAM plus FedDyn's dynamic regularization (FedDyn server around the momentum).
+
+    Args:
+        lam: λ, server momentum and extrapolation coefficient (0 ≤ λ < 1).
+        rho: ρ, radius of the momentum-direction perturbation (≥ 0).
+        alpha: α, FedDyn's regularization coefficient (> 0).
+        extrapolate: evaluate gradients at the look-ahead ``y + λm``.
+    """
+
+    def __init__(self, lam: float = 0.85, rho: float = 0.1, alpha: float = 0.1, extrapolate: bool = True) -> None:
+        _check_common(lam, rho)
+        check(alpha > 0, f"`algorithm.alpha` must be > 0, got {alpha}")
+        super().__init__(_nsam_client(lam, rho, extrapolate, [DynCorrection(alpha)]),
+                         DynServer(NesterovServer(lam, "m"), alpha))

@@ -1,0 +1,40 @@
+"""Run every registered rule for 2 rounds on N CPU processes (Fabric ddp, gloo); rank 0 saves the results.
+
+Usage: python mp_contract.py N OUT.pt   (the subprocess launcher re-runs this script for ranks ≥ 1)
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+from fedtest import image_clients, tiny_cnn  # noqa: E402
+
+import fedlight  # noqa: E402
+from fedlight.args import LoopConfig  # noqa: E402
+from fedlight.data import TensorClients  # noqa: E402
+from fedlight.loop import FederatedLoop  # noqa: E402
+
+
+def main(n: int, out: str) -> None:
+    fabric = L.Fabric(accelerator="cpu", devices=n, strategy="ddp" if n > 1 else "auto", precision="32-true")
+    fabric.launch()
+    torch.set_num_threads(1)
+    results = {}
+    for name in fedlight.list_algorithms():
+        data = TensorClients(image_clients(), batch_size=4)
+        data.setup(fabric.device, 0)
+        cfg = LoopConfig(rounds=2, clients_per_round=3, local_steps=3, lr=0.05, progress=False)
+        loop = FederatedLoop(fabric, tiny_cnn(), data, fedlight.create(name), cfg, 0, Path("unused"))
+        for r in range(2):
+            loop.run_round(r)
+        results[name] = {**{f"x.{k}": v.cpu() for k, v in loop.x.items()},
+                         **{f"b.{k}": v.cpu() for k, v in loop.buffers.items()}}
+    if fabric.global_rank == 0:
+        torch.save(results, out)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2])
