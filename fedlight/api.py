@@ -92,16 +92,32 @@ def fit(
         from fedlight.records import atomic_write_text
 
         atomic_write_text(out / "config.yaml", _config_text or _describe(model, data, algorithm, loop, seed))
-        from lightning.fabric.loggers import TensorBoardLogger
+        from fedlight.logger import RunLogger
 
-        logger = TensorBoardLogger(root_dir=str(out), name="", version="tb", default_hp_metric=False)
+        logger = RunLogger(out)
+        logger.log_config(_config_text or "")
+        logger.log_partition(data)
     runner = FederatedLoop(fabric, model, data, algorithm, loop, seed, out)
     if ckpt is not None:
         runner.load(ckpt)
     summary = runner.fit(logger=logger)
     if logger is not None:
-        logger.finalize("success")
+        logger.log_summary(_hparams(algorithm, loop, seed), summary)
+        logger.close()
     return summary
+
+
+def _hparams(algorithm, loop, seed) -> dict[str, Any]:
+    import dataclasses
+
+    flat = {"algorithm": getattr(algorithm, "name", type(algorithm).__name__), "seed": seed}
+    for k, v in dataclasses.asdict(loop).items():
+        if isinstance(v, (int, float, str, bool)):
+            flat[f"loop.{k}"] = v
+    for k, v in vars(algorithm).items():
+        if isinstance(v, (int, float, str, bool)):
+            flat[f"algorithm.{k}"] = v
+    return flat
 
 
 def _default_algorithm() -> Algorithm:
@@ -111,7 +127,8 @@ def _default_algorithm() -> Algorithm:
 
 
 def _default_name(algorithm, model, data, seed: int) -> str:
-    return f"{getattr(algorithm, 'name', 'custom')}_{type(model).__name__.lower()}_{type(data).__name__.lower()}_s{seed}"
+    name = getattr(algorithm, "name", "custom")
+    return f"{name}_{type(model).__name__.lower()}_{type(data).__name__.lower()}_s{seed}"
 
 
 def _resolve_resume(resume: str | None, out: Path) -> Path | None:

@@ -11,6 +11,7 @@ never wrapped in DDP.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ class FederatedLoop:
         self.store = ClientStateStore(self.device if cfg.state_device == "device" else "cpu")
         self.server.setup(self.x)
         self.start_round = 0
+        self._last_row: dict[str, Any] | None = None
         self.totals = {"bytes_up": 0, "bytes_down": 0, "wall_time_s": 0.0}
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl")
         opt_cls = _import(cfg.optimizer)
@@ -119,6 +121,7 @@ class FederatedLoop:
                     bytes_down=bc.nbytes(), bytes_up=res.nbytes())
             if ctx.state:
                 new_states[cid] = ctx.state
+        t_train = time.perf_counter()
         agg, buffers, totals = acc.reduce(fabric)
         self._sync_states(new_states)
         # server update
@@ -142,7 +145,10 @@ class FederatedLoop:
         for k, v in self.server.diagnostics().items():
             row[f"server/{k}"] = float(v)
         row["bytes_down"], row["bytes_up"] = int(totals["bytes_down"]), int(totals["bytes_up"])
-        row["round_time_s"] = time.perf_counter() - t0
+        t_end = time.perf_counter()
+        row["round_time_s"] = t_end - t0
+        row["train_time_s"] = t_train - t0
+        row["aggregate_time_s"] = t_end - t_train
         return row
 
     def _gather_start(self, start, x_old):
@@ -208,9 +214,11 @@ class FederatedLoop:
                 "shapes": {k: list(v.shape) for k, v in self.x.items()},
                 "num_clients": self.data.num_clients, "seed": self.seed}
 
-    def save(self, rounds_done: int) -> None:
+    def save(self, rounds_done: int, row: dict[str, Any] | None = None) -> None:
         if self.fabric.global_rank == 0:
-            atomic_torch_save(self.checkpoint_state(rounds_done), self.out_dir / "checkpoints" / "last.ckpt")
+            state = self.checkpoint_state(rounds_done)
+            state["last_row"] = json.dumps(row) if row is not None else None
+            atomic_torch_save(state, self.out_dir / "checkpoints" / "last.ckpt")
         self.fabric.barrier()
 
     def load(self, path: Path) -> None:
@@ -230,13 +238,19 @@ class FederatedLoop:
         self.store.load_state_dict(ckpt["store"])
         self.totals = dict(ckpt["totals"])
         self.start_round = int(ckpt["round"])
+        self._last_row = json.loads(ckpt["last_row"]) if ckpt.get("last_row") else None
 
     # ----------------------------------------------------------------------------------------- fit
     def fit(self, logger=None) -> dict[str, Any]:
+        """Run the remaining rounds. Order per round: train → evaluate → checkpoint (which carries the round's
+        metrics row) → append the row to metrics.jsonl. A kill at any point loses at most the unfinished round."""
         cfg, fabric = self.cfg, self.fabric
         rank0 = fabric.global_rank == 0
         if rank0:
             self.metrics.truncate_to(self.start_round)
+            done = self.metrics.rows[-1]["round"] if self.metrics.rows else 0
+            if self._last_row is not None and done < self.start_round:
+                self.metrics.append(self._last_row)  # killed between checkpoint and metrics append
         bar = _progress(cfg, rank0, self.start_round)
         t_fit = time.perf_counter()
         wall0 = self.totals["wall_time_s"]
@@ -250,28 +264,32 @@ class FederatedLoop:
             self.totals["bytes_up"] += row["bytes_up"]
             self.totals["bytes_down"] += row["bytes_down"]
             self.totals["wall_time_s"] = wall0 + time.perf_counter() - t_fit
+            if (r + 1) % cfg.save_every == 0 or last:
+                t = time.perf_counter()
+                self.save(r + 1, row)
+                row["checkpoint_time_s"] = time.perf_counter() - t
             if rank0:
                 self.metrics.append(row)
                 if logger is not None:
-                    logger.log_metrics(_tb_tags(row), step=r + 1)
-            if (r + 1) % cfg.save_every == 0 or last:
-                self.save(r + 1)
+                    logger.log_round(row, step=r + 1)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(acc=self.metrics.rows[-1].get("test_acc") if self.metrics.rows else None,
-                                s_per_round=round(row["round_time_s"], 3))
+                acc = next((x["test_acc"] for x in reversed(self.metrics.rows) if "test_acc" in x), None)
+                bar.set_postfix(test_acc=acc, s_per_round=round(row["round_time_s"], 3))
         if bar is not None:
             bar.close()
-        summary = summarize(self.metrics.rows if rank0 else [], cfg.targets, self.totals)
-        if rank0:
+        return self.finish()
+
+    def finish(self) -> dict[str, Any]:
+        """Write final_model.pt and summary.json from the global model and metrics.jsonl."""
+        summary = summarize(self.metrics.rows, self.cfg.targets, self.totals)
+        if self.fabric.global_rank == 0:
             P.copy_(self.live, self.x)
             P.copy_(self.live_buffers, self.buffers)
             state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
             atomic_torch_save(state, self.out_dir / "final_model.pt")
-            import json
-
             atomic_write_text(self.out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-        fabric.barrier()
+        self.fabric.barrier()
         return summary
 
 
@@ -283,16 +301,6 @@ def _to(obj: Any, device) -> Any:
     if isinstance(obj, list):
         return [_to(v, device) for v in obj]
     return obj
-
-
-_TB_NAMES = {"lr": "train/lr", "train_loss": "train/loss", "test_acc": "test/acc", "test_loss": "test/loss",
-             "round_time_s": "time/round_s", "eval_time_s": "time/eval_s", "bytes_up": "comm/bytes_up",
-             "bytes_down": "comm/bytes_down", "flatness_distance": "train/flatness_distance",
-             "update_norm": "server/update_norm"}
-
-
-def _tb_tags(row: dict[str, Any]) -> dict[str, float]:
-    return {_TB_NAMES.get(k, k): float(v) for k, v in row.items() if k != "round" and v is not None}
 
 
 def _progress(cfg: LoopConfig, rank0: bool, start: int):

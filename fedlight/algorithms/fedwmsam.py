@@ -1,0 +1,240 @@
+"""FedWMSAM (Li, Huang et al., NeurIPS 2025, "FedWMSAM: Fast and Flat Federated Learning via Weighted Momentum
+and Sharpness-Aware Minimization", arXiv:2511.22080) — seed paper. One backprop per local step.
+
+State: server global momentum ``M`` (a pseudo-gradient, zeros), SCAFFOLD ``c`` and per-client ``c_i`` (zeros,
+kept by the client), the scalar weight ``α`` (init 0.1, server state).
+  personalized momentum   u_i = M + (α/(1 − α))·(c − c_i)                                  (eq. 1)
+  predicted global point  x̂_b = x_r − b·η_r·u_i,  b = 0..K−1
+  perturbation            δ_b = y_b − x̂_b;   e_b = ρ·δ_b/‖δ_b‖   (0 at b = 0 or when δ_b = 0)
+  local direction         d = α·∇ℓ(y_b + e_b) + (1 − α)·u_i                                (eq. 2)
+  after K steps           c_i⁺ = c_i − c + (x_r − y_{i,K})/(K·η_r);  upload Δ_i, Δc_i       (eq. 5, SCAFFOLD-II)
+  server                  c ← c + (1/N)·Σ_{i∈S} Δc_i;   M ← −Δ̄/(K·η_r);   x ← x + η_g·Δ̄
+  adaptive weight         α̂ = mean_{i∈S} cos(M, u_i);   α ← (1 − γ)·α + γ·clip(α̂, 0.1, 0.9)  (eqs. 3-4)
+``α̂`` uses ``M`` and ``u_i`` exactly as this round broadcast them (before ``c`` and ``M`` are updated); a cosine
+with a zero vector counts as 0, so round 0 (M = 0) gives α̂ = 0. The new ``α`` is used from the next round.
+
+Where things live (the design choice that fixes the communication count): ``c_i`` stays with the client, as in
+SCAFFOLD. The server broadcasts ``x_r``, ``M``, ``c`` and the scalar ``α``; the client forms ``u_i`` itself,
+computes ``cos(M, u_i)`` and, when α is adaptive, uploads it as one scalar (the loop averages it uniformly over S:
+that mean is α̂), together with ``Δ_i`` and ``Δc_i``. That is 3 vectors + 1 scalar down and 2 vectors + 1 scalar
+up: ``comm = (3, 2)``. The released FL-Simulator code instead keeps every ``c_i`` on the server and sends ``u_i``
+itself (2/1: ``x_r`` and ``u_i`` down, ``Δ_i`` up, the server recomputing ``c_i`` from ``Δ_i``), which needs
+server memory for N models and a different broadcast per client. With ``personalized=False`` there are no control
+variates: ``comm = (2, 1)`` plus the scalars.
+
+Building blocks: :class:`~fedlight.algorithms.fedcm.MomentumCorrection` (``d += (1 − α)·u_i``, with ``u_i`` and
+``α`` read per client), :class:`~fedlight.algorithms.fedcm.PseudoGradientServer` (``M``),
+:class:`~fedlight.algorithms.scaffold.ScaffoldCorrection`'s control-variate update and
+:class:`~fedlight.algorithms.scaffold.ScaffoldServer` (``c``), and :class:`WMSAMPerturbation` (one backprop: the
+offset is known without a gradient, so BatchNorm statistics are updated once, by the perturbed pass).
+
+Options that reproduce the released code (off by default): ``similarity="update"`` uses
+α̂ = mean_i (1 + cos(Δ_i, M)) (0 for a client when either vector is zero), which is what produced the paper's
+tables; ``perturbation="released"`` builds ``e`` from ``x_r + b·u_i`` with the code's sign,
+e ∝ y_b − (x_r + b·u_i) (as a vector: the code's per-tensor scalar shift, a flattened-index bug, is not offered).
+``perturbation="poster"`` is the README/poster formula e ∝ (x_r + b·u_i) − y_b. Mind the direction: the
+specification's δ_b = y_b − x̂_b points from the momentum-predicted point to the client, ∝ −ηα·Σ_j(∇ℓ_j − u_i),
+i.e. along u_i minus the local gradients, while the poster's form points mostly along +u_i (an ascent along the
+global pseudo-gradient). The default follows the specification; the other forms are there to compare. The
+released runs used ρ = 0.1 (the README recommends ρ ≈ 0.01, the default here) and a momentum with an extra factor
+0.998 (not offered).
+
+Logged per round: ``server/alpha`` (α after the update, i.e. the weight of the next round), ``server/alpha_hat``,
+``server/M_norm`` (‖M‖ after the update), ``server/c_norm``, ``rule/control_gap_norm`` (mean_S ‖c − c_i‖ as
+broadcast) and ``rule/similarity`` (= α̂ before clipping). Like the rest of the SAM family it refuses ``16-mixed``
+precision (ComposedClient's rule for perturbations), although its norm is of a parameter difference, not of a
+gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from fedlight import params as P
+from fedlight.algorithms.compose import ComposedClient, Perturbation, ServerWrapper, state_params
+from fedlight.algorithms.fedcm import MomentumCorrection, PseudoGradientServer
+from fedlight.algorithms.scaffold import ScaffoldCorrection, ScaffoldServer
+from fedlight.errors import check
+from fedlight.registry import register
+from fedlight.rules import Algorithm, ServerRule
+
+ALPHA_MIN, ALPHA_MAX = 0.1, 0.9  # clip range of α̂ (eq. 4)
+
+
+class WMSAMPerturbation(Perturbation):
+    """Momentum-guided offset ``e_b = ρ·δ_b/‖δ_b‖`` with ``δ_b = y_b − (x_r − b·η_r·u_i)`` (no extra backprop).
+
+    ``u_i`` is read from ``ctx.scratch["u"]`` (set by :class:`WMSAMClient`); ``b = ctx.step_index``.
+
+    Args:
+        rho: ρ, the perturbation radius.
+        form: ``"deviation"`` (the specification), ``"released"`` or ``"poster"`` (see the module docstring).
+    """
+
+    uses_backprop = False
+
+    def __init__(self, rho: float, form: str = "deviation") -> None:
+        self.rho = rho
+        self.form = form
+
+    def __call__(self, model, batch, ctx):
+        b = ctx.step_index
+        if b == 0 or not self.rho:
+            return None, None  # δ_0 = y_0 − x_r = 0  ⇒  e_0 = 0
+        u, x_r = ctx.scratch["u"], ctx.broadcast.params
+        if self.form == "deviation":
+            anchor = P.add(x_r, u, -b * ctx.lr)  # x̂_b = x_r − b·η·u_i
+        else:
+            anchor = P.add(x_r, u, float(b))  # x_r + b·u_i (released code / poster)
+        delta = P.sub(ctx.params, anchor)  # δ_b = y_b − x̂_b
+        sign = -1.0 if self.form == "poster" else 1.0
+        e = P.scale(P.unit(delta), sign * self.rho)  # e_b = ρ·δ_b/‖δ_b‖ (0 when δ_b = 0)
+        ctx.metrics["perturbation_norm"] = P.norm(e)
+        return e, None
+
+
+class _ControlVariates(ScaffoldCorrection):
+    """SCAFFOLD's ``c_i`` bookkeeping (``start``: ‖c − c_i‖ metric; ``finish``: option-II update and ``Δc_i``
+    upload) without its drift term: FedWMSAM puts ``c − c_i`` into ``u_i`` instead."""
+
+    def add(self, ctx, d):
+        pass
+
+
+class _PersonalizedMomentum(MomentumCorrection):
+    """``d += (1 − α_r)·u_i`` with ``u_i`` and ``α_r`` from :meth:`WMSAMClient.start`."""
+
+    def direction(self, ctx):
+        return ctx.scratch["u"]
+
+    def weight(self, ctx):
+        return 1.0 - ctx.scratch["alpha"]
+
+
+class WMSAMClient(ComposedClient):
+    """``d = α_r·∇ℓ(y + e) + (1 − α_r)·u_i``; ``α_r`` comes with the broadcast, so it changes per round.
+
+    Args:
+        perturbation: the offset rule (``None``: ``e = 0``, the ``sam=False`` ablation).
+        personalized: ``u_i = M + (α/(1 − α))(c − c_i)`` (True) or ``u_i = M`` (no control variates).
+        similarity: the per-client value whose mean is α̂: ``"momentum"`` cos(M, u_i), ``"update"`` 1 + cos(Δ_i, M).
+        adaptive: whether the value is uploaded (counted in communication) for the α update.
+    """
+
+    def __init__(self, perturbation: Perturbation | None, personalized: bool, similarity: str, adaptive: bool) -> None:
+        corrections = [_ControlVariates()] if personalized else []
+        super().__init__(perturbation, [*corrections, _PersonalizedMomentum(key="u")])
+        self.personalized, self.similarity, self.adaptive = personalized, similarity, adaptive
+
+    def start(self, model, ctx):
+        bc = ctx.broadcast
+        alpha, M = bc.scalars["alpha"], bc.extras["M"]
+        if self.personalized:
+            gap = P.sub(bc.extras["c"], state_params(ctx, "c_i"))
+            u = P.add(M, gap, alpha / (1.0 - alpha))  # u_i = M + (α/(1 − α))·(c − c_i)  (eq. 1)
+        else:
+            u = M  # u_i = M  (ablation)
+        ctx.scratch["u"], ctx.scratch["alpha"] = u, alpha
+        if self.similarity == "momentum":
+            ctx.metrics["similarity"] = P.cosine(M, u)  # cos(M, u_i), 0 for a zero vector  (eq. 3)
+        super().start(model, ctx)
+
+    def step(self, model, batch, ctx):
+        self.grad_scale = ctx.scratch["alpha"]  # α_r·∇ℓ(y + e)  (eq. 2); ComposedClient's scale is per round here
+        return super().step(model, batch, ctx)
+
+    def finish(self, model, ctx):
+        result = super().finish(model, ctx)
+        if self.similarity == "update":
+            M = ctx.broadcast.extras["M"]
+            nonzero = (P.norm(M) > 0) & (P.norm(result.delta) > 0)
+            result.metrics["similarity"] = torch.where(nonzero, 1.0 + P.cosine(result.delta, M), 0.0)  # 1 + cos(Δ_i, M)
+        if self.adaptive:
+            result.upload_scalars += 1  # the similarity value
+        return result
+
+
+class AdaptiveWeightServer(ServerWrapper):
+    """Keeps the scalar ``α``, broadcasts it, and updates it from the clients' mean similarity:
+    ``α ← (1 − γ)·α + γ·clip(α̂, 0.1, 0.9)`` (eq. 4). With ``adaptive=False`` ``α`` stays fixed.
+
+    Args:
+        inner: the server that owns ``x`` (and ``M``, ``c``).
+        alpha: α_0.
+        gamma: γ, the update rate of α.
+        adaptive: whether α is updated.
+    """
+
+    state_keys = ("alpha", "alpha_hat")
+
+    def __init__(self, inner: ServerRule, alpha: float, gamma: float, adaptive: bool) -> None:
+        super().__init__(inner)
+        self.alpha, self.alpha_hat = float(alpha), 0.0
+        self.gamma, self.adaptive = gamma, adaptive
+
+    def broadcast(self, params, info, client_id):
+        bc = super().broadcast(params, info, client_id)
+        bc.scalars["alpha"] = self.alpha
+        return bc
+
+    def update(self, params, agg, info):
+        self.alpha_hat = float(agg.metrics["similarity"])  # α̂ = mean_S cos(M, u_i)  (eq. 3)
+        if self.adaptive:
+            clipped = min(max(self.alpha_hat, ALPHA_MIN), ALPHA_MAX)
+            self.alpha = (1.0 - self.gamma) * self.alpha + self.gamma * clipped  # (eq. 4)
+        return super().update(params, agg, info)
+
+    def diagnostics(self):
+        return {**super().diagnostics(), "alpha": self.alpha, "alpha_hat": self.alpha_hat}
+
+
+def fedwmsam_rules(alpha: float = 0.1, rho: float = 0.01, gamma: float = 0.01, personalized: bool = True,
+                   sam: bool = True, adaptive: bool = True, similarity: str = "momentum",
+                   perturbation: str = "deviation", server_lr: float = 1.0) -> tuple[WMSAMClient, ServerRule]:
+    """The (client, server) pair; exposed so variants can wrap or replace one half."""
+    pert = WMSAMPerturbation(rho, perturbation) if sam else None
+    client = WMSAMClient(pert, personalized, similarity, adaptive)
+    server: ServerRule = ServerRule(server_lr)
+    if personalized:
+        server = ScaffoldServer(server)  # c ← c + (1/N)·Σ Δc_i   (eq. 5)
+    server = PseudoGradientServer(server, key="M")  # M ← −Δ̄/(K·η_r)
+    return client, AdaptiveWeightServer(server, alpha, gamma, adaptive)
+
+
+@register("fedwmsam", paper="Li, Huang et al., NeurIPS 2025 (arXiv:2511.22080)", backprops=1, comm=(3, 2),
+          stateful_clients=True)
+class FedWMSAM(Algorithm):
+    """FedWMSAM: personalized global momentum, a momentum-guided one-backprop SAM offset, and an adaptive α.
+
+    Download ``x_r``, ``M``, ``c`` and the scalar ``α`` (3 vectors); upload ``Δ_i``, ``Δc_i`` and the similarity
+    scalar (2 vectors). ``c_i`` stays with the client. See the module docstring for the equations.
+
+    Args:
+        alpha: α_0, the initial weight of the local (SAM) gradient against the momentum (0 < α < 1).
+        rho: ρ, the perturbation radius (≥ 0; the README's best value 0.01; the released runs used 0.1).
+        gamma: γ, the update rate of α (0 ≤ γ ≤ 1).
+        personalized: use ``u_i = M + (α/(1 − α))(c − c_i)``; False: ``u_i = M`` and no control variates.
+        sam: use the momentum-guided perturbation; False: ``e = 0``.
+        adaptive: update α each round; False: α stays α_0.
+        similarity: "momentum": α̂ = mean cos(M, u_i) (paper); "update": α̂ = mean(1 + cos(Δ_i, M)) (released code).
+        perturbation: "deviation": δ_b = y_b − (x_r − bη u_i) (specification); "released": δ_b = y_b − (x_r + b u_i)
+            (released code, as a vector); "poster": δ_b = (x_r + b u_i) − y_b (README/poster formula).
+        server_lr: η_g.
+    """
+
+    def __init__(self, alpha: float = 0.1, rho: float = 0.01, gamma: float = 0.01, personalized: bool = True,
+                 sam: bool = True, adaptive: bool = True, similarity: Literal["momentum", "update"] = "momentum",
+                 perturbation: Literal["deviation", "released", "poster"] = "deviation",
+                 server_lr: float = 1.0) -> None:
+        check(0 < alpha < 1, f"`algorithm.alpha` must be in (0, 1), got {alpha}")
+        check(rho >= 0, f"`algorithm.rho` must be >= 0, got {rho}")
+        check(0 <= gamma <= 1, f"`algorithm.gamma` must be in [0, 1], got {gamma}")
+        check(similarity in ("momentum", "update"),
+              f"`algorithm.similarity` must be 'momentum' or 'update', got {similarity!r}")
+        check(perturbation in ("deviation", "released", "poster"),
+              f"`algorithm.perturbation` must be 'deviation', 'released' or 'poster', got {perturbation!r}")
+        check(server_lr > 0, f"`algorithm.server_lr` must be > 0, got {server_lr}")
+        super().__init__(*fedwmsam_rules(alpha, rho, gamma, personalized, sam, adaptive, similarity, perturbation,
+                                         server_lr))

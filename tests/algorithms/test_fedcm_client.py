@@ -1,0 +1,176 @@
+"""FedCM with persistent per-client momentum buffers (``fedcm_client``): golden numbers with partial participation,
+the required properties of ALGORITHMS.md (β = 0 ≡ FedAvg, pure decay under a zero gradient, ‖v_k‖ ≤ G/(1 − β)
+under clipping, buffers that persist across rounds and absences, zero buffers at the start), diagnostics,
+checkpoint resume and argument validation."""
+
+import numpy as np
+import pytest
+import torch
+from fedtest import assert_params_close, grad, lin, linear_model, make_loop, norm, problem, run_rounds
+from torch import nn
+
+import fedlight
+from fedlight import params as P
+from fedlight.errors import ConfigError
+from fedlight.rules import Broadcast, LocalContext
+from fedlight.sampling import sample_clients
+
+LR = 0.1
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: intra-op threads only add contention on a shared CPU (≈10× slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def np_params(p):
+    return {k: v.detach().cpu().double().numpy() for k, v in p.items()}
+
+
+def stored_v(loop, cid):
+    return np_params(loop.store.get(cid, "cpu")["v"])
+
+
+def test_golden_partial_participation_and_persistence():
+    """4 clients, 2 per round, 4 rounds (seed 0: S = {0,3}, {0,3}, {1,3}, {0,1}): client 0 is absent in round 2
+    and resumes with its buffer in round 3, client 1 starts from zeros in round 2, client 2 never trains."""
+    beta, K, R, N = 0.9, 2, 4, 4
+    clients, theta = problem(num_clients=N)
+    loop = make_loop(fedlight.create("fedcm_client", beta=beta), clients, linear_model(theta), local_steps=K, lr=LR,
+                     rounds=R, clients_per_round=2)
+    x = theta
+    v = [None] * N  # None: never trained (the store holds nothing)
+    before = {}
+    for r in range(R):
+        S = sample_clients(N, 2, 0, r)
+        deltas, norms = [], []
+        for i in S:
+            vi = v[i] if v[i] is not None else {k: np.zeros_like(t) for k, t in theta.items()}  # zero at the start
+            y = dict(x)
+            for _ in range(K):
+                vi = lin((beta, vi), (1, grad(y, *clients[i])))  # v ← βv + g
+                y = lin((1, y), (-LR, vi))  # y ← y − ηv
+            v[i] = vi
+            norms.append(norm(vi))
+            deltas.append(lin((1, y), (-1, x)))
+        x = lin((1, x), *[(1 / len(S), d) for d in deltas])
+        row = loop.run_round(r)
+        assert_params_close(np_params(loop.x), x)
+        for i in range(N):
+            if v[i] is None:
+                assert i not in loop.store
+                continue
+            assert_params_close(stored_v(loop, i), v[i])
+            if i not in S and i in before:  # absent this round: bitwise unchanged
+                for k, t in stored_v(loop, i).items():
+                    np.testing.assert_array_equal(t, before[i][k])
+        before = {i: stored_v(loop, i) for i in loop.store.ids()}
+        # diagnostics over the sampled clients
+        assert row["server/momentum_beta"] == beta
+        assert row["server/avg_momentum_norm"] == pytest.approx(np.mean(norms), abs=1e-12)
+        assert row["server/momentum_variance"] == pytest.approx(np.var(norms), abs=1e-12)
+        assert row["server/effective_lr"] == pytest.approx(LR / (1 - beta))
+        model_bytes = 8 * sum(t.size for t in theta.values())
+        assert row["bytes_down"] == row["bytes_up"] == 2 * model_bytes  # comm (1, 1) per client
+    assert sample_clients(N, 2, 0, 2) == [1, 3] and 0 in sample_clients(N, 2, 0, 3)  # the pattern described above
+
+
+def test_round0_starts_from_zero_buffers():
+    clients, theta = problem()
+    loop = make_loop(fedlight.create("fedcm_client", beta=0.9), clients, linear_model(theta), local_steps=1, lr=LR,
+                     rounds=1)
+    assert len(loop.store) == 0
+    run_rounds(loop, 1)
+    for i, (xi, yi) in enumerate(clients):
+        assert_params_close(stored_v(loop, i), grad(theta, xi, yi), tol=1e-12)  # v_1 = β·0 + g
+
+
+def test_beta_zero_is_fedavg_bitwise():
+    def run(name, **kw):
+        clients, theta = problem()
+        loop = make_loop(fedlight.create(name, **kw), clients, linear_model(theta), local_steps=3, lr=LR, rounds=2,
+                         precision="32-true", batch_size=2, weight_decay=1e-3, max_grad_norm=0.5)
+        return run_rounds(loop, 2)
+
+    base, other = run("fedavg"), run("fedcm_client", beta=0.0)
+    for k in base:
+        np.testing.assert_array_equal(other[k], base[k], err_msg=k)
+
+
+def _ctx(model, v0, weight_decay=0.0):
+    """A LocalContext whose objective has zero gradient everywhere."""
+    live = P.trainable(model)
+    opt = torch.optim.SGD(list(live.values()), lr=LR, weight_decay=weight_decay)
+    return LocalContext(broadcast=Broadcast(P.clone(live)), optimizer=opt, lr=LR, num_steps=3, params=live,
+                        state={"v": P.clone(v0)}, max_grad_norm=10.0,
+                        objective=lambda m, batch: 0.0 * m(batch[0]).sum())
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_zero_gradient_is_pure_decay(weight_decay):
+    beta = 0.7
+    torch.manual_seed(0)
+    model = nn.Linear(3, 3).double()
+    v0 = {k: torch.randn_like(p) for k, p in P.trainable(model).items()}
+    ctx = _ctx(model, v0, weight_decay)
+    algo = fedlight.create("fedcm_client", beta=beta)
+    algo.local.start(model, ctx)
+    batch = (torch.randn(4, 3, dtype=torch.float64), torch.zeros(4, dtype=torch.long))
+    for step in range(1, 4):
+        y = P.clone(ctx.params)
+        algo.local.step(model, batch, ctx)
+        for k in v0:
+            torch.testing.assert_close(ctx.state["v"][k], beta**step * v0[k], rtol=1e-15, atol=0)  # v ← βv
+            # the step uses v; weight decay is the optimizer's and never enters the buffer
+            want = y[k] - LR * (ctx.state["v"][k] + weight_decay * y[k])
+            torch.testing.assert_close(ctx.params[k].detach(), want, rtol=0, atol=1e-15)
+
+
+def test_buffer_norm_bound_under_clipping():
+    """Gradients clipped to G = 0.05 with a large lr: after every round every stored ‖v_k‖ ≤ G/(1 − β), and the
+    buffers do accumulate well beyond one clipped gradient (the bound is not vacuous)."""
+    beta, G = 0.9, 0.05
+    clients, theta = problem()
+    loop = make_loop(fedlight.create("fedcm_client", beta=beta), clients, linear_model(theta), local_steps=4, lr=5.0,
+                     rounds=5, max_grad_norm=G, weight_decay=1e-3)
+    largest = 0.0
+    for r in range(5):
+        loop.run_round(r)
+        for i in loop.store.ids():
+            n = norm(stored_v(loop, i))
+            assert n <= G / (1 - beta) * (1 + 1e-9), (r, i, n)
+            largest = max(largest, n)
+    assert largest > 5 * G
+
+
+def test_checkpoint_resume_keeps_buffers(tmp_path):
+    clients, theta = problem(num_clients=4)
+
+    def mk(out):
+        return make_loop(fedlight.create("fedcm_client", beta=0.9), clients, linear_model(theta), local_steps=2,
+                         lr=LR, rounds=4, clients_per_round=2, out_dir=out)
+
+    full = mk(tmp_path / "a")
+    want = run_rounds(full, 4)
+    first = mk(tmp_path / "b")
+    for r in range(2):
+        first.run_round(r)
+    first.save(2)
+    resumed = mk(tmp_path / "c")
+    resumed.load(tmp_path / "b" / "checkpoints" / "last.ckpt")
+    for r in (2, 3):
+        resumed.run_round(r)
+    got = np_params(resumed.x)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+@pytest.mark.parametrize("kw,arg", [({"beta": -0.1}, "beta"), ({"beta": 1.0}, "beta"),
+                                    ({"server_lr": 0.0}, "server_lr")])
+def test_validation(kw, arg):
+    with pytest.raises(ConfigError, match=f"`algorithm.{arg}`"):
+        fedlight.create("fedcm_client", **kw)
