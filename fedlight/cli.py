@@ -45,6 +45,9 @@ def _parse(prog: str, argv: list[str]):
     try:
         cfg = parser.parse_args(argv)
         text = parser.dump(cfg)
+        import torch
+
+        torch.manual_seed(cfg.seed)  # model initialisation is part of the seeded run
         init = parser.instantiate(cfg)
     except ArgumentError as e:
         raise ConfigError(_one_line(str(e))) from None

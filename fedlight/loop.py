@@ -56,6 +56,10 @@ class FederatedLoop:
         self.live = P.trainable(self.model)
         self.live_buffers = P.float_buffers(self.model)
         self.int_buffers = {n: b for n, b in self.model.named_buffers() if not b.is_floating_point()}
+        if fabric.world_size > 1:  # every rank starts from rank 0's initial model
+            with torch.no_grad():
+                for t in [*self.live.values(), *self.live_buffers.values()]:
+                    torch.distributed.broadcast(t.data, src=0)
         self.x = P.clone(self.live)
         self.buffers = P.clone(self.live_buffers)
         self.store = ClientStateStore(self.device if cfg.state_device == "device" else "cpu")
