@@ -56,3 +56,19 @@ def listing(what: str = "all") -> str:
     if what not in sections:
         raise ConfigError(f"`fedlight ls` takes one of {', '.join(sections)} (or nothing), got {what!r}")
     return sections[what]()
+
+
+README = RECIPES.parent / "README.md"
+_START, _END = "<!-- algorithms:start", "<!-- algorithms:end -->"
+
+
+def readme_with_table(text: str) -> str:
+    """``text`` with the generated algorithm table between the README's markers."""
+    head, rest = text.split(_START, 1)
+    marker_line, _, tail = rest.partition("\n")
+    _, _, after = tail.partition(_END)
+    return f"{head}{_START}{marker_line}\n{algorithm_table_markdown()}{_END}{after}"
+
+
+if __name__ == "__main__":  # python -m fedlight.catalog  → refresh the README's algorithm table
+    README.write_text(readme_with_table(README.read_text()))

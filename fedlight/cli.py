@@ -41,6 +41,7 @@ def _parse(prog: str, argv: list[str]):
 
     import fedlight.algorithms  # noqa: F401 - registers algorithms; makes short names resolvable
 
+    argv = _expand_algorithm_names(argv)
     parser = _parser(prog)
     try:
         cfg = parser.parse_args(argv)
@@ -49,20 +50,49 @@ def _parse(prog: str, argv: list[str]):
 
         torch.manual_seed(cfg.seed)  # model initialisation is part of the seeded run
         init = parser.instantiate(cfg)
-    except ArgumentError as e:
-        raise ConfigError(_one_line(str(e))) from None
     except ConfigError:
         raise
-    except (ValueError, TypeError, ImportError, AttributeError) as e:
-        raise ConfigError(_one_line(str(e))) from None
+    except (ArgumentError, ValueError, TypeError, ImportError, AttributeError) as e:
+        raise ConfigError(_explain(e)) from None
     kwargs = {k: v for k, v in init.items() if k != "config"}
     return kwargs, text
 
 
-def _one_line(msg: str) -> str:
+def _expand_algorithm_names(argv: list[str]) -> list[str]:
+    """``--algorithm fednsam`` (a registry name) means ``--algorithm fedlight.algorithms.FedNSAM``."""
+    from fedlight.registry import _REGISTRY
+
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a == "--algorithm" and i + 1 < len(out) and out[i + 1] in _REGISTRY:
+            out[i + 1] = f"fedlight.algorithms.{_REGISTRY[out[i + 1]].cls.__name__}"
+        elif a.startswith("--algorithm=") and a.split("=", 1)[1] in _REGISTRY:
+            out[i] = f"--algorithm=fedlight.algorithms.{_REGISTRY[a.split('=', 1)[1]].cls.__name__}"
+    return out
+
+
+def _explain(e: BaseException) -> str:
+    """One readable message: the root ConfigError if there is one, else the most specific parser reason."""
+    import re
+
+    c: BaseException | None = e
+    while c is not None:
+        if isinstance(c, ConfigError):
+            return str(c)
+        c = c.__cause__ or c.__context__
+    msg = str(e)
+    for line in msg.splitlines():  # a ConfigError message reported inside a union-validation error
+        if line.strip().startswith("- `"):
+            return line.strip()[2:]
+    key = re.search(r'Parser key "([^"]+)"', msg)
+    given = re.search(r"Given value: (\S+)$", msg.strip())
+    if key and given and key.group(1) in ("algorithm", "model", "data", "data.partition"):
+        hint = {"algorithm": "fedlight ls algorithms", "model": "fedlight ls models", "data": "fedlight ls datasets",
+                "data.partition": "fedlight ls partitioners"}[key.group(1)]
+        return (f"`{key.group(1)}`: {given.group(1)!r} is not a known class; use a class path such as "
+                f"fedlight.algorithms.FedAvg (list them with `{hint}`)")
     lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
-    # jsonargparse nests the root cause last; keep the first line and the most specific reason.
-    return lines[0] if len(lines) == 1 else f"{lines[0]} ({lines[-1]})"
+    return lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
 
 
 def cmd_fit(argv: list[str]) -> int:
