@@ -18,8 +18,9 @@ from fedlight.rules import ClientResult
 class Accumulator:
     """Running ``Σ w_i·Δ_i``, ``Σ w_i·extras_i`` (or plain sums), ``Σ w_i·buffers_i`` and metric means."""
 
-    def __init__(self, summed_extras: frozenset[str] = frozenset()) -> None:
+    def __init__(self, summed_extras: frozenset[str] = frozenset(), device: torch.device | str = "cpu") -> None:
         self.summed = summed_extras
+        self.device = torch.device(device)
         self.delta: dict[str, Tensor] | None = None
         self.extras: dict[str, dict[str, Tensor]] = {}
         self.buffers: dict[str, Tensor] = {}
@@ -50,6 +51,32 @@ class Accumulator:
         self.scalars["num_samples"] += res.num_samples
         self.scalars["bytes_down"] += bytes_down
         self.scalars["bytes_up"] += bytes_up
+
+    def layout(self) -> list[tuple[str, tuple[int, ...], str]] | None:
+        """(flat key, shape, dtype) of everything summed, so a rank with no clients can join the all-reduce."""
+        if self.delta is None:
+            return None
+        return [(k, tuple(v.shape), str(self.dtype)) for k, v in self._all().items()]
+
+    def ensure(self, layout: list[tuple[str, tuple[int, ...], str]]) -> None:
+        """Create zero sums from another rank's ``layout`` when this rank trained no client."""
+        if self.delta is not None:
+            return
+        dev = self.device
+        self.dtype = getattr(torch, layout[0][2].split(".")[-1])
+        self.delta = {}
+        for key, shape, _ in layout:
+            z = torch.zeros(shape, dtype=torch.float64, device=dev)
+            kind, _, name = key.partition("/")
+            if kind == "d":
+                self.delta[name] = z
+            elif kind == "e":
+                e, _, k = name.partition("/")
+                self.extras.setdefault(e, {})[k] = z
+            elif kind == "b":
+                self.buffers[name] = z
+            else:
+                self.metrics[name] = z
 
     def _all(self) -> dict[str, Tensor]:
         flat: dict[str, Tensor] = {}

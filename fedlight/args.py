@@ -67,6 +67,11 @@ class LoopConfig:
     """Test accuracies for rounds-to-target in summary.json, e.g. [0.55]."""
     state_device: Literal["cpu", "device"] = "cpu"
     """Where per-client state lives between rounds."""
+    on_nonfinite: Literal["stop", "skip_client"] = "stop"
+    """A non-finite client loss/update: stop (keep the last good checkpoint, record diverged_at_round) or
+    skip_client (drop that client's update for the round, count it, go on)."""
+    client_dropout: float = 0.0
+    """Probability that a sampled client fails to report (seeded by (seed, round, client)); its state is untouched."""
     progress: bool = True
     """Show a progress bar (only when stderr is a terminal)."""
 
@@ -84,4 +89,5 @@ class LoopConfig:
         check(self.weight_decay >= 0, f"`loop.weight_decay` must be >= 0, got {self.weight_decay}")
         check(self.max_grad_norm is None or self.max_grad_norm > 0,
               f"`loop.max_grad_norm` must be positive or null, got {self.max_grad_norm}")
+        check(0 <= self.client_dropout < 1, f"`loop.client_dropout` must be in [0, 1), got {self.client_dropout}")
         check(all(0 < t <= 1 for t in self.targets), f"`loop.targets` must be accuracies in (0, 1], got {self.targets}")

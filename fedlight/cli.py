@@ -101,6 +101,9 @@ def cmd_fit(argv: list[str]) -> int:
     kwargs, text = _parse("fedlight fit", argv)
     summary = api.fit(**kwargs, _config_text=text)
     _print_summary(summary)
+    if summary.get("diverged_at_round") is not None:
+        print(f"fedlight fit: diverged at round {summary['diverged_at_round']}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,26 @@ from torch import Tensor, nn
 from fedlight import params as P
 from fedlight.aggregate import Accumulator
 from fedlight.args import LoopConfig
-from fedlight.records import MetricsLog, atomic_torch_save, atomic_write_text, load_checkpoint, summarize
+from fedlight.records import (
+    MetricsLog,
+    atomic_torch_save,
+    atomic_write_text,
+    fault,
+    load_checkpoint,
+    rss_mb,
+    summarize,
+)
 from fedlight.rules import Algorithm, LocalContext, RoundInfo
-from fedlight.sampling import assign_clients, client_generator, sample_clients, seed_client_torch
+from fedlight.sampling import assign_clients, client_fails, client_generator, sample_clients, seed_client_torch
 from fedlight.state import ClientStateStore
+
+
+class Diverged(RuntimeError):
+    """Training produced a non-finite loss, update or model (``loop.on_nonfinite: stop``)."""
+
+    def __init__(self, round: int, what: str) -> None:
+        super().__init__(f"round {round + 1}: {what}")
+        self.round = round
 
 
 def _import(path: str):
@@ -66,6 +83,8 @@ class FederatedLoop:
         self.server.setup(self.x)
         self.start_round = 0
         self._last_row: dict[str, Any] | None = None
+        self.diverged_at: int | None = None
+        self._round_done = 0
         self.totals = {"bytes_up": 0, "bytes_down": 0, "wall_time_s": 0.0}
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl")
         opt_cls = _import(cfg.optimizer)
@@ -107,39 +126,59 @@ class FederatedLoop:
 
     # ----------------------------------------------------------------------------------------- a round
     def run_round(self, r: int) -> dict[str, Any]:
+        """Sample → train this rank's clients → all-reduce → server update. Returns the round's metrics row."""
         cfg, fabric = self.cfg, self.fabric
         t0 = time.perf_counter()
         sampled = sample_clients(self.data.num_clients, cfg.clients_per_round, self.seed, r)
-        steps = [self.num_steps(c) for c in sampled]
-        info = RoundInfo(round=r, lr=self.round_lr(r), num_steps=sum(steps) / len(steps),
+        dropped = [c for c in sampled if client_fails(self.seed, r, c, cfg.client_dropout)]
+        active = [c for c in sampled if c not in dropped]
+        steps = {c: self.num_steps(c) for c in sampled}
+        info = RoundInfo(round=r, lr=self.round_lr(r), num_steps=sum(steps.values()) / len(steps),
                          num_clients=self.data.num_clients, sampled=sampled)
-        mine = assign_clients(sampled, [float(s) for s in steps], fabric.world_size)[fabric.global_rank]
-        acc = Accumulator(self.server.summed_extras)
+        mine = assign_clients(active, [float(steps[c]) for c in active], fabric.world_size)[fabric.global_rank]
+        acc = Accumulator(self.server.summed_extras, self.device)
         new_states: dict[int, dict] = {}
-        x_start = None
+        skipped: list[int] = []
+        x_start = self.x
         for cid in mine:
             bc, res, ctx = self.run_client(cid, info)
             x_start = bc.params
+            fault("train", r + 1)
+            if not bool(P.is_finite(res.delta) & torch.isfinite(torch.as_tensor(res.metrics["train_loss"]))):
+                if cfg.on_nonfinite == "stop":
+                    raise Diverged(r, f"client {cid} produced a non-finite loss or update")
+                skipped.append(cid)  # skip_client: its update and state change are dropped
+                continue
             w = float(res.num_samples) if cfg.weighting == "samples" else 1.0
             acc.add(res, w, P.float_buffers(self.model) if cfg.aggregate_buffers else {},
                     bytes_down=bc.nbytes(), bytes_up=res.nbytes())
             if ctx.state:
                 new_states[cid] = ctx.state
         t_train = time.perf_counter()
+        new_states, skipped, layout = self._exchange(new_states, skipped, acc)
+        row: dict[str, Any] = {"round": r + 1, "lr": info.lr, "clients_reported": len(active) - len(skipped),
+                               "clients_dropped": len(dropped), "clients_skipped_nonfinite": len(skipped)}
+        if layout is None:  # nobody reported: the model and the server state stay as they are
+            row.update(bytes_down=0, bytes_up=0, round_time_s=time.perf_counter() - t0)
+            return row
+        acc.ensure(layout)
         agg, buffers, totals = acc.reduce(fabric)
-        self._sync_states(new_states)
-        # server update
+        for c, st in new_states.items():
+            self.store.put(c, st)
         x_old = self.x
-        self.x = self.server.update(self.x, agg, info)
+        reported = [c for c in active if c not in skipped]
+        x_new = self.server.update(self.x, agg, replace(info, sampled=reported))
+        if not bool(P.is_finite(x_new)):
+            raise Diverged(r, "the global model became non-finite")
+        self.x = x_new
         if cfg.aggregate_buffers and buffers:
             self.buffers = {k: v.to(self.buffers[k].dtype) for k, v in buffers.items()}
         for b in self.int_buffers.values():
             b += round(info.num_steps)
-        self._check_finite(r)
-        row: dict[str, Any] = {"round": r + 1, "lr": info.lr, "train_loss": float(agg.metrics["train_loss"])}
-        # flatness distance D = Σ_i w_i‖y_{i,K} − x_{r+1}‖² (FedNSAM Def. 1; uniform when sizes are equal)
-        start = x_start if x_start is not None else x_old
-        U = P.sub(self.x, self._gather_start(start, x_old))
+        row["train_loss"] = float(agg.metrics["train_loss"])
+        # flatness distance D = Σ_i w_i‖y_{i,K} − x_{r+1}‖² (FedNSAM Def. 1; the 1/S mean for equal-size clients),
+        # from Σ w_i‖Δ_i‖², Δ̄ and U = x_{r+1} − y_0 (clients start from the broadcast point y_0)
+        U = P.sub(self.x, x_start)
         row["flatness_distance"] = float(agg.metrics["delta_sqnorm_w"] - 2 * P.dot(agg.delta, U).double()
                                          + P.sqnorm(U))
         row["update_norm"] = float(P.norm(P.sub(self.x, x_old)))
@@ -155,25 +194,17 @@ class FederatedLoop:
         row["aggregate_time_s"] = t_end - t_train
         return row
 
-    def _gather_start(self, start, x_old):
-        # Rules whose clients all start from the same point send it in Broadcast.params; a rank without clients
-        # falls back to x_r. (Every rule in fedlight broadcasts a common start.)
-        return start if start is not None else x_old
-
-    def _sync_states(self, new_states: dict[int, dict]) -> None:
-        fabric = self.fabric
-        if fabric.world_size > 1:
-            cpu = {c: {k: _to(v, "cpu") for k, v in s.items()} for c, s in new_states.items()}
-            gathered: list[Any] = [None] * fabric.world_size
-            torch.distributed.all_gather_object(gathered, cpu)
-            new_states = {c: s for part in gathered for c, s in part.items()}
-        for c, s in new_states.items():
-            self.store.put(c, s)
-
-    def _check_finite(self, r: int) -> None:
-        if not bool(P.is_finite(self.x)):
-            raise FloatingPointError(f"the global model became non-finite in round {r + 1}; lower `loop.lr` or "
-                                     "check the algorithm's hyperparameters")
+    def _exchange(self, new_states: dict[int, dict], skipped: list[int], acc: Accumulator):
+        """Share per-client states, skipped clients and the result layout across ranks (one small gather)."""
+        layout = acc.layout()
+        if self.fabric.world_size > 1:
+            cpu = {c: _to(s, "cpu") for c, s in new_states.items()}
+            gathered: list[Any] = [None] * self.fabric.world_size
+            torch.distributed.all_gather_object(gathered, (cpu, skipped, layout))
+            new_states = {c: _to(s, self.device) for part in gathered for c, s in part[0].items()}
+            skipped = sorted(c for part in gathered for c in part[1])
+            layout = next((part[2] for part in gathered if part[2] is not None), None)
+        return new_states, skipped, layout
 
     # ----------------------------------------------------------------------------------------- evaluation
     @torch.no_grad()
@@ -193,6 +224,7 @@ class FederatedLoop:
                 continue
             with precision.forward_context():
                 logits = self.model(precision.convert_input(xb))
+            fault("eval", self._round_done + 1)
             loss.update(nn.functional.cross_entropy(logits.float(), yb, reduction="sum") / len(yb), len(yb))
             acc.update(logits.float(), yb)
         self.model.train()
@@ -222,7 +254,9 @@ class FederatedLoop:
         if self.fabric.global_rank == 0:
             state = self.checkpoint_state(rounds_done)
             state["last_row"] = json.dumps(row) if row is not None else None
-            atomic_torch_save(state, self.out_dir / "checkpoints" / "last.ckpt")
+            atomic_torch_save(state, self.out_dir / "checkpoints" / "last.ckpt",
+                              before_replace=lambda: fault("ckpt", rounds_done))
+            fault("metrics", rounds_done)
         self.fabric.barrier()
 
     def load(self, path: Path) -> None:
@@ -259,7 +293,13 @@ class FederatedLoop:
         t_fit = time.perf_counter()
         wall0 = self.totals["wall_time_s"]
         for r in range(self.start_round, cfg.rounds):
-            row = self.run_round(r)
+            self._round_done = r
+            try:
+                row = self.run_round(r)
+            except Diverged as d:
+                self.diverged_at = d.round + 1
+                fabric.print(f"fedlight: stopped, diverged in {d}; the last good checkpoint is kept")
+                break
             last = r + 1 == cfg.rounds
             if (r + 1) % cfg.eval_every == 0 or last:
                 t = time.perf_counter()
@@ -268,6 +308,7 @@ class FederatedLoop:
             self.totals["bytes_up"] += row["bytes_up"]
             self.totals["bytes_down"] += row["bytes_down"]
             self.totals["wall_time_s"] = wall0 + time.perf_counter() - t_fit
+            row["rss_mb"] = rss_mb()
             if (r + 1) % cfg.save_every == 0 or last:
                 t = time.perf_counter()
                 self.save(r + 1, row)
@@ -287,6 +328,8 @@ class FederatedLoop:
     def finish(self) -> dict[str, Any]:
         """Write final_model.pt and summary.json from the global model and metrics.jsonl."""
         summary = summarize(self.metrics.rows, self.cfg.targets, self.totals)
+        if self.diverged_at is not None:
+            summary["diverged_at_round"] = self.diverged_at
         if self.fabric.global_rank == 0:
             P.copy_(self.live, self.x)
             P.copy_(self.live_buffers, self.buffers)

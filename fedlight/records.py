@@ -40,7 +40,29 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def atomic_torch_save(obj: Any, path: Path) -> None:
+def fault(point: str, round: int) -> None:
+    """Fault injection for the kill-safety tests: ``FEDLIGHT_FAULT=<point>@<round>`` SIGKILLs the process there.
+
+    Points: ``train`` (after the round's first client), ``eval`` (inside evaluation), ``ckpt`` (checkpoint written
+    to its temporary file, not yet renamed), ``metrics`` (checkpoint renamed, metrics row not yet appended).
+    """
+    spec = os.environ.get("FEDLIGHT_FAULT")
+    if spec and spec == f"{point}@{round}":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def rss_mb() -> float:
+    """Resident set size of this process in MiB (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def atomic_torch_save(obj: Any, path: Path, before_replace=None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -48,6 +70,8 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
         torch.save(obj, tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_SAMPLE, _DATA, _TORCH = 0, 1, 2
+_SAMPLE, _DATA, _TORCH, _DROPOUT = 0, 1, 2, 3
 
 
 def derive_seed(*keys: int) -> int:
@@ -18,6 +18,13 @@ def sample_clients(num_clients: int, k: int, seed: int, round: int) -> list[int]
     """``S_r``: ``k`` distinct client ids, sorted, a pure function of (seed, round)."""
     rng = np.random.default_rng(derive_seed(seed, round, _SAMPLE))
     return sorted(int(i) for i in rng.choice(num_clients, size=k, replace=False))
+
+
+def client_fails(seed: int, round: int, client_id: int, p: float) -> bool:
+    """Whether a sampled client fails to report this round (probability ``p``, seeded by (seed, round, client))."""
+    if p <= 0:
+        return False
+    return bool(np.random.default_rng(derive_seed(seed, round, client_id, _DROPOUT)).random() < p)
 
 
 def client_generator(seed: int, round: int, client_id: int) -> torch.Generator:

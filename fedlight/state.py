@@ -1,16 +1,29 @@
 """Per-client state store: each client's persistent state (``c_i``, ``h_i``, momenta) keyed by client id.
 
-State belongs to the client id and survives rounds in which the client is not sampled. The store
-keeps it off the accelerator by default (``device="cpu"``) so thousands of stateful clients do not
-need thousands of models in accelerator memory.
+State belongs to the client id and survives rounds in which the client is not sampled. The store keeps it off
+the accelerator by default (``device="cpu"``). With a memory budget, the least recently stored states beyond it
+spill to one flat file per client in ``spill_dir`` (read back through a private memory map), so 10,000 stateful
+clients need disk, not RAM. A checkpoint of a spilled store holds the in-memory states plus, per spilled client,
+a reference (file, size, crc32) instead of the data; the files a checkpoint references are kept until the next
+checkpoint supersedes it, written atomically and fsynced before the checkpoint that names them.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
+import shutil
+import tempfile
+import weakref
+import zlib
+from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+
+_ALIGN = 64  # byte alignment of each tensor in a spill file (any dtype can be viewed in place)
 
 
 def _map(obj: Any, fn):
@@ -23,40 +36,219 @@ def _map(obj: Any, fn):
     return obj
 
 
+def _size(obj: Any) -> int:
+    leaves: list[Tensor] = []
+    _spec(obj, leaves)
+    return sum(t.numel() * t.element_size() for t in leaves)
+
+
+def _spec(obj: Any, leaves: list[Tensor]) -> tuple:
+    """A hashable description of ``obj`` with tensors replaced by (dtype, shape); tensors go to ``leaves``."""
+    if isinstance(obj, Tensor):
+        leaves.append(obj)
+        return ("t", str(obj.dtype).removeprefix("torch."), tuple(obj.shape))
+    if isinstance(obj, dict):
+        return ("d", tuple((k, _spec(v, leaves)) for k, v in obj.items()))
+    if isinstance(obj, (list, tuple)):
+        return ("l" if isinstance(obj, list) else "u", tuple(_spec(v, leaves) for v in obj))
+    return ("v", obj)
+
+
+def _layout(spec: tuple, out: list[tuple[int, torch.dtype, tuple]], pos: int = 0) -> int:
+    """Byte offsets of the tensors of ``spec`` (appended to ``out``); returns the end offset."""
+    kind, body = spec[0], spec[1]
+    if kind == "t":
+        dtype, shape = getattr(torch, body), spec[2]
+        pos = -(-pos // _ALIGN) * _ALIGN
+        out.append((pos, dtype, shape))
+        return pos + dtype.itemsize * int(torch.Size(shape).numel())
+    items = body if kind in ("l", "u") else [v for _, v in body] if kind == "d" else []
+    for item in items:
+        pos = _layout(item, out, pos)
+    return pos
+
+
+def _intern(specs: dict[tuple, tuple], spec: tuple) -> tuple:
+    """One shared spec object per distinct layout (10,000 clients of one model share one)."""
+    try:
+        return specs.setdefault(spec, spec)
+    except TypeError:  # an unhashable non-tensor value
+        return spec
+
+
+def _build(spec: tuple, tensors: list[Tensor]) -> Any:
+    kind, body = spec[0], spec[1]
+    if kind == "t":
+        return tensors.pop()
+    if kind == "d":
+        return {k: _build(v, tensors) for k, v in body}
+    if kind in ("l", "u"):
+        items = [_build(v, tensors) for v in body]
+        return items if kind == "l" else tuple(items)
+    return body
+
+
 class ClientStateStore:
-    """Maps client id → state dict (tensors, dicts of tensors, numbers).
+    """Maps client id → state dict (tensors, dicts/lists of tensors, numbers).
 
     Args:
-        device: where stored state lives: ``"cpu"`` (default) or an accelerator device.
+        device: where in-memory state lives: ``"cpu"`` (default) or an accelerator device.
+        budget_bytes: at most this many bytes of state stay in memory; the least recently stored states beyond
+            it spill to disk. ``None`` (default): everything stays in memory.
+        spill_dir: folder for the spill files (created; put it inside the run directory so checkpoints can
+            reference the files). ``None`` with a budget: a temporary folder, removed with the store; checkpoints
+            then embed all state.
     """
 
-    def __init__(self, device: str | torch.device = "cpu") -> None:
+    def __init__(self, device: str | torch.device = "cpu", budget_bytes: int | None = None,
+                 spill_dir: str | os.PathLike | None = None) -> None:
         self.device = torch.device(device)
-        self._states: dict[int, dict[str, Any]] = {}
+        self.budget = budget_bytes
+        self._mem: OrderedDict[int, dict[str, Any]] = OrderedDict()  # least recently stored first
+        self._mem_size: dict[int, int] = {}
+        self.mem_bytes = 0
+        self._disk: dict[int, dict[str, Any]] = {}  # cid → {spec, path, nbytes, crc, owned, verified}
+        self._specs: dict[tuple, tuple] = {}
+        self._token, self._count = secrets.token_hex(4), 0
+        self._unsynced: set[Path] = set()
+        self._pins: tuple[set[Path], set[Path]] = (set(), set())  # files of the last two exported state_dicts
+        self._garbage: set[Path] = set()  # superseded files, deleted once no kept checkpoint names them
+        self._temporary = spill_dir is None and budget_bytes is not None
+        self.spill_dir = Path(tempfile.mkdtemp(prefix="fedlight-state-")) if self._temporary else (
+            Path(spill_dir).resolve() if spill_dir is not None else None)
+        if self._temporary:
+            weakref.finalize(self, shutil.rmtree, self.spill_dir, True)
+        if self.spill_dir is not None:
+            self.spill_dir.mkdir(parents=True, exist_ok=True)
 
+    # ------------------------------------------------------------------------------------------- get / put
     def get(self, client_id: int, device: torch.device | str) -> dict[str, Any]:
         """A private copy of the client's state on ``device`` (empty dict for a new client)."""
-        state = self._states.get(client_id)
-        if state is None:
-            return {}
-        return _map(state, lambda t: t.to(device, copy=True))
+        if client_id in self._mem:
+            return _map(self._mem[client_id], lambda t: t.to(device, copy=True))
+        if client_id in self._disk:
+            return self._read(client_id, device)
+        return {}
 
     def put(self, client_id: int, state: dict[str, Any]) -> None:
         """Store (a copy of) the client's state; an empty state stores nothing."""
-        if state:
-            self._states[client_id] = _map(state, lambda t: t.detach().to(self.device, copy=True))
+        if not state:
+            return
+        self._drop(client_id)
+        copy = _map(state, lambda t: t.detach().to(self.device, copy=True))
+        self._mem[client_id], self._mem_size[client_id] = copy, _size(copy)
+        self.mem_bytes += self._mem_size[client_id]
+        while self.budget is not None and self.mem_bytes > self.budget and self._mem:
+            cid, st = self._mem.popitem(last=False)
+            self.mem_bytes -= self._mem_size.pop(cid)
+            self._write(cid, st)
+
+    def _drop(self, client_id: int) -> None:
+        if client_id in self._mem:
+            self.mem_bytes -= self._mem_size.pop(client_id)
+            del self._mem[client_id]
+        entry = self._disk.pop(client_id, None)
+        if entry is not None and entry["owned"]:
+            self._garbage.add(entry["path"])
+            self._collect()
 
     def __contains__(self, client_id: int) -> bool:
-        return client_id in self._states
+        return client_id in self._mem or client_id in self._disk
 
     def __len__(self) -> int:
-        return len(self._states)
+        return len(self._mem) + len(self._disk)
 
     def ids(self) -> list[int]:
-        return sorted(self._states)
+        return sorted([*self._mem, *self._disk])
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"states": {int(k): v for k, v in self._states.items()}}
+    @property
+    def disk_bytes(self) -> int:
+        return sum(e["nbytes"] for e in self._disk.values())
+
+    # ------------------------------------------------------------------------------------------- files
+    def _write(self, client_id: int, state: dict[str, Any]) -> None:
+        leaves: list[Tensor] = []
+        spec = _intern(self._specs, _spec(state, leaves))
+        offsets: list[tuple[int, torch.dtype, tuple]] = []
+        buf = torch.zeros(_layout(spec, offsets), dtype=torch.uint8)
+        for (pos, _, _), t in zip(offsets, leaves):
+            flat = t.detach().reshape(-1).cpu()
+            buf[pos: pos + flat.numel() * flat.element_size()] = flat.contiguous().view(torch.uint8)
+        data = buf.numpy()
+        self._count += 1
+        path = self.spill_dir / f"c{client_id}-{self._token}-{self._count}.bin"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        self._unsynced.add(path)
+        self._disk[client_id] = {"spec": spec, "path": path, "nbytes": len(data), "crc": zlib.crc32(data),
+                                 "owned": True, "verified": True}
+
+    def _read(self, client_id: int, device: torch.device | str) -> dict[str, Any]:
+        e = self._disk[client_id]
+        buf = torch.from_file(str(e["path"]), shared=False, size=e["nbytes"], dtype=torch.uint8)
+        if not e["verified"]:
+            if zlib.crc32(buf.numpy()) != e["crc"]:
+                raise RuntimeError(f"client {client_id}'s state file {e['path']} is corrupt (crc32 mismatch); "
+                                   "resume from an earlier run directory or start over")
+            e["verified"] = True
+        offsets: list[tuple[int, torch.dtype, tuple]] = []
+        _layout(e["spec"], offsets)
+        tensors = [buf[p: p + d.itemsize * int(torch.Size(s).numel())].view(d).view(s).to(device, copy=True)
+                   for p, d, s in offsets]  # one allocation per tensor, like states that never spilled
+        return _build(e["spec"], tensors[::-1])
+
+    def _collect(self) -> None:
+        for path in [p for p in self._garbage if p not in self._pins[0] and p not in self._pins[1]]:
+            path.unlink(missing_ok=True)
+            self._garbage.discard(path)
+            self._unsynced.discard(path)
+
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self, materialize: bool | None = None) -> dict[str, Any]:
+        """Everything needed to restore the store. Spilled states are referenced by file (fsynced here), unless
+        ``materialize`` (default: only when the spill folder is temporary) embeds their data."""
+        if materialize is None:
+            materialize = self._temporary
+        states = {int(k): v for k, v in self._mem.items()}
+        if materialize or not self._disk:
+            states.update({int(k): self._read(k, "cpu") for k in self._disk})
+            self._pins = (self._pins[1], set())
+            self._collect()
+            return {"states": states}
+        for path in [*self._unsynced, self.spill_dir] if self._unsynced else []:
+            fd = os.open(path, os.O_RDONLY)  # the files, then the folder's entries for them
+            os.fsync(fd)
+            os.close(fd)
+        self._unsynced.clear()
+        self._pins = (self._pins[1], {e["path"] for e in self._disk.values()})
+        self._collect()
+        spilled = {int(k): {"spec": e["spec"], "path": str(e["path"]), "nbytes": e["nbytes"], "crc": e["crc"]}
+                   for k, e in self._disk.items()}
+        return {"states": states, "spilled": spilled}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        self._states = {int(k): _map(v, lambda t: t.to(self.device)) for k, v in d["states"].items()}
+        for cid in self.ids():
+            self._drop(cid)
+        referenced = set()
+        for cid, e in d.get("spilled", {}).items():
+            path = Path(e["path"])
+            if not path.is_file() and self.spill_dir is not None and (self.spill_dir / path.name).is_file():
+                path = self.spill_dir / path.name  # the run directory was moved
+            if not path.is_file() or path.stat().st_size != e["nbytes"]:
+                raise FileNotFoundError(f"client {cid}'s spilled state {e['path']} is missing or truncated; the "
+                                        "checkpoint references files in the run's client-state folder")
+            owned = self.spill_dir is not None and path.parent == self.spill_dir
+            spec = _intern(self._specs, e["spec"])
+            self._disk[int(cid)] = {"spec": spec, "path": path, "nbytes": e["nbytes"], "crc": e["crc"],
+                                    "owned": owned, "verified": False}
+            referenced.add(path)
+        self._pins = (referenced, set())
+        for cid, state in d["states"].items():
+            self.put(int(cid), state)
+        if self.spill_dir is not None:  # files of this folder no one references: left by a killed run
+            keep = {e["path"] for e in self._disk.values()}
+            for f in [*self.spill_dir.glob("c*-*-*.bin"), *self.spill_dir.glob("c*-*-*.tmp")]:
+                if f not in keep:
+                    f.unlink(missing_ok=True)

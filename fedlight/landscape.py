@@ -1,0 +1,537 @@
+"""Loss landscapes and flatness of a trained global model.
+
+* :func:`random_direction`: a filter-normalized random direction (Li et al. 2018, "Visualizing the Loss Landscape
+  of Neural Nets"): each filter (slice along dim 0) of every weight gets the norm of the same filter of the model;
+  biases and normalisation parameters (1-D tensors) get a zero direction.
+* :func:`landscape_1d` / :func:`landscape_2d`: ``L(x + α·d₁ [+ β·d₂])`` on a grid.
+* :func:`top_eigenvalue`: the top Hessian eigenvalue by power iteration on Hessian-vector products.
+* :func:`sam_sharpness`: ``max_{‖e‖≤ρ} L(x + e) − L(x)``, by normalized projected gradient ascent on ``e``
+  (the first step is SAM's ``e = ρ·g/‖g‖``), a lower bound on the true maximum.
+
+The loss ``L`` is the sample-weighted mean of ``objective(model, batch)`` over ``batches`` (a list, or a
+zero-argument callable returning a fresh iterable), with the model in eval mode (BatchNorm uses its running
+statistics, dropout is off), so ``L`` is a deterministic function of the parameters. Only trainable parameters move.
+
+:func:`run_landscape` and :func:`run_sharpness` do the same for a run directory (``fedlight landscape`` and
+``fedlight sharpness``): rebuild model and data from ``config.yaml``, load ``final_model.pt`` (or a checkpoint),
+write plots, raw grids and JSON under ``RUN_DIR/landscape/``, and images/scalars to ``RUN_DIR/tb``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fedlight import params as P
+from fedlight.errors import ConfigError, check
+from fedlight.params import Params
+from fedlight.rules import cross_entropy
+
+Objective = Callable[[nn.Module, Any], Tensor]
+Batches = Iterable[Any] | Callable[[], Iterable[Any]]
+
+
+# ------------------------------------------------------------------------------------------------ the loss
+def _iter(batches: Batches) -> Iterable[Any]:
+    return batches() if callable(batches) else batches
+
+
+def _batch_size(batch: Any) -> int:
+    """Samples in a batch: the leading size of its first tensor (1 for tensor-free batches)."""
+    if isinstance(batch, Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, (tuple, list)):
+        for b in batch:
+            if isinstance(b, Tensor) and b.dim():
+                return int(b.shape[0])
+    return 1
+
+
+@contextmanager
+def evaluating(model: nn.Module):
+    """``model.eval()`` inside, the previous mode restored after."""
+    was = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was)
+
+
+def loss(model: nn.Module, batches: Batches, objective: Objective = cross_entropy) -> float:
+    """``L``: the sample-weighted mean of ``objective`` over ``batches`` (model in eval mode, no gradients)."""
+    total, n = 0.0, 0
+    with torch.no_grad(), evaluating(model):
+        for b in _iter(batches):
+            k = _batch_size(b)
+            total += float(objective(model, b).double()) * k
+            n += k
+    check(n > 0, "the loss needs at least one batch (is the chosen split empty?)")
+    return total / n
+
+
+def loss_and_grad(model: nn.Module, batches: Batches, objective: Objective = cross_entropy) -> tuple[float, Params]:
+    """``(L, ∇L)`` with respect to the trainable parameters."""
+    params = P.trainable(model)
+    grad = P.zeros_like(params)
+    total, n = 0.0, 0
+    with evaluating(model):
+        for b in _iter(batches):
+            k = _batch_size(b)
+            val = objective(model, b)
+            gs = torch.autograd.grad(val, list(params.values()), allow_unused=True)
+            for key, g in zip(params, gs):
+                if g is not None:
+                    grad[key].add_(g.detach(), alpha=float(k))
+            total += float(val.detach().double()) * k
+            n += k
+    check(n > 0, "the loss needs at least one batch (is the chosen split empty?)")
+    return total / n, P.scale_(grad, 1.0 / n)
+
+
+def hvp(model: nn.Module, batches: Batches, v: Params, objective: Objective = cross_entropy) -> Params:
+    """``H·v``, the Hessian of ``L`` (trainable parameters) times ``v``, by double backpropagation."""
+    params = P.trainable(model)
+    out = P.zeros_like(params)
+    n = 0
+    with evaluating(model):
+        for b in _iter(batches):
+            k = _batch_size(b)
+            ps = list(params.values())
+            gs = torch.autograd.grad(objective(model, b), ps, create_graph=True, allow_unused=True)
+            gv = sum(((g * v[key]).sum() for key, g in zip(params, gs) if g is not None),
+                     torch.zeros((), device=ps[0].device, dtype=ps[0].dtype))
+            if not gv.requires_grad:  # the loss is linear in every parameter on this batch
+                n += k
+                continue
+            hs = torch.autograd.grad(gv, ps, allow_unused=True)
+            for key, h in zip(params, hs):
+                if h is not None:
+                    out[key].add_(h.detach(), alpha=float(k))
+            n += k
+    check(n > 0, "the loss needs at least one batch (is the chosen split empty?)")
+    return P.scale_(out, 1.0 / n)
+
+
+# ------------------------------------------------------------------------------------------------ directions
+def random_direction(model: nn.Module, seed: int = 0, norm: str = "filter", ignore_1d: bool = True) -> Params:
+    """A random direction shaped like the trainable parameters.
+
+    Args:
+        model: the model whose parameters set the scale.
+        seed: seeds the Gaussian draw (a CPU generator, so the direction is the same on every device).
+        norm: ``"filter"`` (Li et al.: each filter, i.e. slice along dim 0, rescaled to the norm of the model's
+            filter), ``"layer"`` (each tensor to the norm of the model's tensor) or ``"none"``.
+        ignore_1d: zero the direction of 1-D tensors (biases, normalisation weights), as in Li et al.; otherwise
+            they copy the parameter (the ``norm`` rule would make them ``±θ``-sized noise).
+    """
+    check(norm in ("filter", "layer", "none"), f"`norm` must be 'filter', 'layer' or 'none', got {norm!r}")
+    gen = torch.Generator().manual_seed(int(seed))
+    out: Params = {}
+    for name, p in P.trainable(model).items():
+        w = p.detach()
+        d = torch.randn(w.shape, generator=gen, dtype=torch.float64).to(device=w.device, dtype=w.dtype)
+        if w.dim() <= 1:
+            d = torch.zeros_like(w) if ignore_1d else w.clone()
+        elif norm == "filter":
+            scale = w.flatten(1).norm(dim=1) / d.flatten(1).norm(dim=1).clamp_min(1e-30)
+            d = d * scale.view(-1, *([1] * (w.dim() - 1)))
+        elif norm == "layer":
+            d = d * (w.norm() / d.norm().clamp_min(1e-30))
+        out[name] = d
+    return out
+
+
+@contextmanager
+def _moved(model: nn.Module):
+    """Yields ``set(offset)`` that puts the trainable parameters at ``x + offset``; restores ``x`` after."""
+    live = P.trainable(model)
+    x = P.clone(live)
+
+    def set_offset(offset: Params | None) -> None:
+        with torch.no_grad():
+            for k, p in live.items():
+                p.copy_(x[k] if offset is None else x[k] + offset[k])
+
+    try:
+        yield set_offset
+    finally:
+        set_offset(None)
+
+
+def grid(points: int, span: float = 1.0) -> np.ndarray:
+    """``points`` evenly spaced coordinates in ``[−span, span]`` (odd ``points`` include 0)."""
+    check(isinstance(points, int) and points >= 2, f"`points` must be an integer >= 2, got {points!r}")
+    check(span > 0, f"`span` must be > 0, got {span}")
+    return np.linspace(-span, span, points)
+
+
+def landscape_1d(model: nn.Module, batches: Batches, direction: Params, objective: Objective = cross_entropy,
+                 points: int = 21, span: float = 1.0) -> dict[str, np.ndarray]:
+    """``L(x + α·d)`` for ``α`` in ``grid(points, span)``; returns ``{"alphas", "losses"}``."""
+    alphas = grid(points, span)
+    losses = np.empty(len(alphas))
+    with _moved(model) as move:
+        for i, a in enumerate(alphas):
+            move(P.scale(direction, float(a)))
+            losses[i] = loss(model, batches, objective)
+    return {"alphas": alphas, "losses": losses}
+
+
+def landscape_2d(model: nn.Module, batches: Batches, d1: Params, d2: Params, objective: Objective = cross_entropy,
+                 points: int = 21, span: float = 1.0) -> dict[str, np.ndarray]:
+    """``L(x + α·d₁ + β·d₂)`` on a square grid; ``losses[i, j]`` is at ``(alphas[i], betas[j])``."""
+    alphas = grid(points, span)
+    losses = np.empty((len(alphas), len(alphas)))
+    with _moved(model) as move:
+        for i, a in enumerate(alphas):
+            for j, b in enumerate(alphas):
+                move(P.lincomb([(float(a), d1), (float(b), d2)]))
+                losses[i, j] = loss(model, batches, objective)
+    return {"alphas": alphas, "betas": alphas.copy(), "losses": losses}
+
+
+# ------------------------------------------------------------------------------------------------ sharpness
+def top_eigenvalue(model: nn.Module, batches: Batches, objective: Objective = cross_entropy, iters: int = 20,
+                   tol: float = 1e-3, seed: int = 0) -> dict[str, Any]:
+    """Top Hessian eigenvalue of ``L`` by power iteration on Hessian-vector products.
+
+    Power iteration converges to the eigenvalue of largest magnitude (away from a minimum that may be a negative
+    one); it stops when the Rayleigh quotient changes by less than ``tol`` (relative) or after ``iters`` steps.
+
+    Returns:
+        ``{"eigenvalue", "iterations", "history"}`` (the Rayleigh quotient after each step).
+    """
+    check(isinstance(iters, int) and iters >= 1, f"`iters` must be a positive integer, got {iters!r}")
+    gen = torch.Generator().manual_seed(int(seed))
+    v = {k: torch.randn(p.shape, generator=gen, dtype=torch.float64).to(device=p.device, dtype=p.dtype)
+         for k, p in P.trainable(model).items()}
+    v = P.unit(v)
+    history: list[float] = []
+    lam = 0.0
+    for _ in range(iters):
+        hv = hvp(model, batches, v, objective)
+        lam = float(P.dot(v, hv))
+        history.append(lam)
+        nrm = float(P.norm(hv))
+        if nrm == 0.0:
+            break
+        v = P.scale(hv, 1.0 / nrm)
+        if len(history) > 1 and abs(history[-1] - history[-2]) <= tol * max(abs(history[-1]), 1e-12):
+            break
+    return {"eigenvalue": lam, "iterations": len(history), "history": history}
+
+
+def sam_sharpness(model: nn.Module, batches: Batches, objective: Objective = cross_entropy, rho: float = 0.05,
+                  steps: int = 5, seed: int = 0) -> dict[str, Any]:
+    """SAM sharpness ``max_{‖e‖≤ρ} L(x + e) − L(x)`` by ``steps`` normalized projected ascent steps.
+
+    ``e ← Proj_{‖e‖≤ρ}(e + ρ·∇L(x+e)/‖∇L(x+e)‖)`` from ``e = 0``: step 1 is SAM's perturbation ``ρ·g/‖g‖``
+    (at a stationary point, where ``g = 0``, a seeded random direction is used instead). The best value seen is
+    returned, so more steps never lower the estimate.
+
+    Returns:
+        ``{"sharpness", "loss", "perturbed_loss", "sam_step" (the one-step value), "history"}``.
+    """
+    check(rho > 0, f"`rho` must be > 0, got {rho}")
+    check(isinstance(steps, int) and steps >= 1, f"`steps` must be a positive integer, got {steps!r}")
+    gen = torch.Generator().manual_seed(int(seed))
+    base, g = loss_and_grad(model, batches, objective)
+    e = P.zeros_like(g)
+    history: list[float] = []
+    with _moved(model) as move:
+        for _ in range(steps):
+            gn = float(P.norm(g))
+            if not gn > 1e-12:
+                g = {k: torch.randn(v.shape, generator=gen, dtype=torch.float64).to(v) for k, v in g.items()}
+                gn = float(P.norm(g))
+            e = P.add(e, g, rho / gn)
+            en = float(P.norm(e))
+            if en > rho:
+                e = P.scale(e, rho / en)
+            move(e)
+            val, g = loss_and_grad(model, batches, objective)
+            history.append(val - base)
+    best = max(history)
+    return {"sharpness": best, "loss": base, "perturbed_loss": base + best, "sam_step": history[0],
+            "history": history}
+
+
+# ------------------------------------------------------------------------------------------------ plots
+def plot_1d(alphas: np.ndarray, losses: np.ndarray, title: str = ""):
+    """The 1-D curve as a matplotlib ``Figure`` (Agg canvas, no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 3.6), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot(alphas, losses, marker=".", lw=1.5)
+    ax.set_xlabel("α (filter-normalized direction)")
+    ax.set_ylabel("loss")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_2d(alphas: np.ndarray, betas: np.ndarray, losses: np.ndarray, title: str = ""):
+    """The 2-D contour plot (``losses[i, j]`` at ``(alphas[i], betas[j])``) as a matplotlib ``Figure``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 4.2), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    z = losses.T  # rows: β, columns: α
+    lo, hi = float(np.nanmin(z)), float(np.nanmax(z))
+    levels = np.linspace(lo, hi, 25) if hi > lo else None
+    cs = ax.contourf(alphas, betas, z, levels=levels, cmap="viridis")
+    ax.contour(alphas, betas, z, levels=levels, colors="k", linewidths=0.3)
+    fig.colorbar(cs, ax=ax, label="loss")
+    ax.plot([0], [0], "r*", ms=8)
+    ax.set_xlabel("α (direction 1)")
+    ax.set_ylabel("β (direction 2)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------ run directories
+@dataclass
+class LoadedRun:
+    """A run's global model (weights loaded, on ``device``) and data (set up with the run's seed)."""
+
+    run_dir: Path
+    model: nn.Module
+    data: Any
+    seed: int
+    round: int
+    """Rounds completed by the loaded weights."""
+    weights: Path
+
+
+def load_weights(model: nn.Module, path: Path) -> int | None:
+    """Load ``final_model.pt`` (a state_dict) or a fedlight checkpoint into ``model``; returns the checkpoint's round
+    (``None`` for a plain state_dict)."""
+    path = Path(path)
+    check(path.is_file(), f"model weights not found: {path}")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means the file is unusable
+        raise ConfigError(f"{path} is not a readable model file ({type(e).__name__})") from None
+    rnd = None
+    if isinstance(obj, dict) and "params" in obj and "format" in obj:  # checkpoints/last.ckpt
+        rnd = int(obj.get("round", 0))
+        obj = {**obj["params"], **obj.get("buffers", {}), **obj.get("int_buffers", {})}
+    check(isinstance(obj, dict), f"{path} holds no state_dict")
+    try:
+        res = model.load_state_dict(obj, strict=False)
+    except RuntimeError as e:
+        raise ConfigError(f"{path} does not fit the model rebuilt from config.yaml ({str(e).splitlines()[-1].strip()})"
+                          ) from None
+    missing = [k for k in res.missing_keys if k in P.trainable(model)]
+    check(not res.unexpected_keys and not missing,
+          f"{path} does not fit the model rebuilt from config.yaml (unexpected keys {res.unexpected_keys[:3]}, "
+          f"missing {missing[:3]}); was the run started from Python without a resolved recipe?")
+    return rnd
+
+
+def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: str | None = None) -> LoadedRun:
+    """Rebuild a run's model and data from ``RUN_DIR/config.yaml`` and load its final (or a checkpointed) model.
+
+    Args:
+        run_dir: a fedlight run directory.
+        checkpoint: weights to load instead of ``final_model.pt``: a path, or ``last`` for ``checkpoints/last.ckpt``.
+        device: where to evaluate; default ``cuda`` when available, else ``cpu``.
+    """
+    from fedlight.cli import _parse
+
+    run_dir = Path(run_dir)
+    cfg = run_dir / "config.yaml"
+    check(cfg.is_file(), f"{run_dir} is not a fedlight run directory (no config.yaml)")
+    kwargs, _ = _parse("fedlight fit", ["--config", str(cfg)])
+    model, data, seed = kwargs["model"], kwargs["data"], int(kwargs.get("seed", 0))
+    if checkpoint in (None, "final"):
+        weights = run_dir / "final_model.pt"
+        check(weights.is_file(), f"{run_dir} has no final_model.pt (unfinished run?); pass `--checkpoint last` to use "
+                                 "checkpoints/last.ckpt")
+    elif checkpoint == "last":
+        weights = run_dir / "checkpoints" / "last.ckpt"
+    else:
+        weights = Path(checkpoint)
+    rnd = load_weights(model, weights)
+    if rnd is None:
+        summary = run_dir / "summary.json"
+        rnd = int(json.loads(summary.read_text()).get("rounds_completed", 0)) if summary.is_file() else 0
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = model.to(device=dev, dtype=torch.float32)
+    data.setup(dev, seed)
+    return LoadedRun(run_dir, model, data, seed, rnd, weights)
+
+
+def data_batches(data: Any, split: str = "train", max_samples: int | None = None, seed: int = 0,
+                 batch_size: int | None = None) -> Callable[[], Iterator[tuple[Tensor, Tensor]]]:
+    """A re-iterable source of a federated data module's batches, for :func:`loss` and friends.
+
+    ``train``: every client's samples once, without augmentation (so ``L`` is the sample-weighted federated
+    objective ``Σ_i n_i·L_i / Σ_i n_i``), merged into batches of about ``batch_size`` (default
+    ``data.eval_batch_size``). ``test``: the global test set. ``max_samples`` keeps a fixed, seeded sample of that
+    size (each train client contributes in proportion to its size).
+    """
+    check(split in ("train", "test"), f"`--data` must be 'train' or 'test', got {split!r}")
+    check(max_samples is None or max_samples > 0, f"`--samples` must be positive, got {max_samples}")
+    size = batch_size or getattr(data, "eval_batch_size", 1000)
+
+    def merged(chunks: Iterable[tuple[Tensor, Tensor]]) -> Iterator[tuple[Tensor, Tensor]]:
+        xs, ys, n = [], [], 0
+        for x, y in chunks:
+            xs.append(x)
+            ys.append(y)
+            n += len(y)
+            if n >= size:
+                yield torch.cat(xs), torch.cat(ys)
+                xs, ys, n = [], [], 0
+        if xs:
+            yield torch.cat(xs), torch.cat(ys)
+
+    def train_chunks() -> Iterator[tuple[Tensor, Tensor]]:
+        total = sum(data.num_samples(c) for c in range(data.num_clients))
+        frac = 1.0 if max_samples is None else min(1.0, max_samples / total)
+        saved, data.augment = data.augment, False
+        try:
+            for c in range(data.num_clients):
+                n = data.num_samples(c)
+                keep = n if frac >= 1.0 else max(1, round(n * frac))
+                gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + c)
+                got = 0
+                for x, y in data.client_batches(c, data.steps_per_epoch(c), gen):
+                    take = min(len(y), keep - got)
+                    if take <= 0:
+                        break
+                    yield x[:take], y[:take]
+                    got += take
+        finally:
+            data.augment = saved
+
+    def test_chunks() -> Iterator[tuple[Tensor, Tensor]]:
+        left = max_samples
+        for x, y in data.test_batches():
+            if left is not None:
+                if left <= 0:
+                    break
+                x, y, left = x[:left], y[:left], left - len(y[:left])
+            yield x, y
+
+    def batches() -> Iterator[tuple[Tensor, Tensor]]:
+        return merged(train_chunks() if split == "train" else test_chunks())
+
+    return batches
+
+
+def _out_dir(run: LoadedRun, out: str | Path | None) -> Path:
+    d = Path(out) if out is not None else run.run_dir / "landscape"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _tb_images(run_dir: Path, images: dict[str, Any], step: int, text: dict[str, str] | None = None,
+               scalars: dict[str, float] | None = None) -> None:
+    from fedlight.logger import RunLogger
+
+    logger = RunLogger(run_dir)
+    try:
+        for name, fig in images.items():
+            logger.log_figure(name, fig, step)
+        for name, value in (scalars or {}).items():
+            logger.writer.add_scalar(name, value, step)
+        for name, value in (text or {}).items():
+            logger.writer.add_text(name, value, step)
+    finally:
+        logger.close()
+
+
+def run_landscape(run_dir: str | Path, split: str = "train", dims: int = 1, points: int = 21, span: float = 1.0,
+                  checkpoint: str | None = None, max_samples: int | None = None, seed: int = 0,
+                  device: str | None = None, out: str | Path | None = None, tensorboard: bool = True
+                  ) -> dict[str, Any]:
+    """``fedlight landscape``: the loss along filter-normalized random directions around a run's model.
+
+    Writes ``<out>/r<round>_<split>_1d.{png,csv,npz}`` (and ``..._2d.{png,npz}`` for ``dims=2``, whose β = 0 row
+    is the 1-D curve along the first direction when ``points`` is odd) and the figures to ``RUN_DIR/tb``.
+    Returns the grid(s) and the written paths.
+    """
+    check(dims in (1, 2), f"`--dims` must be 1 or 2, got {dims!r}")
+    run = load_run(run_dir, checkpoint, device)
+    batches = data_batches(run.data, split, max_samples, seed)
+    d1 = random_direction(run.model, seed=seed)
+    out_dir = _out_dir(run, out)
+    stem = f"r{run.round}_{split}"
+    what = f"{split} loss, round {run.round}, {type(run.model).__name__}"
+    result: dict[str, Any] = {"round": run.round, "split": split, "base_loss": loss(run.model, batches)}
+    images: dict[str, Any] = {}
+    paths: list[Path] = []
+    curve = None
+    if dims == 2:
+        d2 = random_direction(run.model, seed=seed + 1)
+        g2 = landscape_2d(run.model, batches, d1, d2, points=points, span=span)
+        result["grid_2d"] = g2
+        np.savez(out_dir / f"{stem}_2d.npz", **g2)
+        fig = plot_2d(g2["alphas"], g2["betas"], g2["losses"], f"{what} (2-D, filter-normalized)")
+        fig.savefig(out_dir / f"{stem}_2d.png")
+        images[f"landscape/{split}_2d"] = fig
+        paths += [out_dir / f"{stem}_2d.png", out_dir / f"{stem}_2d.npz"]
+        zero = np.flatnonzero(g2["betas"] == 0.0)
+        if len(zero):
+            curve = {"alphas": g2["alphas"], "losses": g2["losses"][:, zero[0]].copy()}
+    if curve is None:
+        curve = landscape_1d(run.model, batches, d1, points=points, span=span)
+    result["curve_1d"] = curve
+    np.savez(out_dir / f"{stem}_1d.npz", **curve)
+    np.savetxt(out_dir / f"{stem}_1d.csv", np.stack([curve["alphas"], curve["losses"]], 1), delimiter=",",
+               header="alpha,loss", comments="")
+    fig = plot_1d(curve["alphas"], curve["losses"], f"{what} (1-D, filter-normalized)")
+    fig.savefig(out_dir / f"{stem}_1d.png")
+    images[f"landscape/{split}_1d"] = fig
+    paths += [out_dir / f"{stem}_1d.png", out_dir / f"{stem}_1d.csv", out_dir / f"{stem}_1d.npz"]
+    if tensorboard:
+        _tb_images(run.run_dir, images, run.round)
+    result["paths"] = paths
+    return result
+
+
+def run_sharpness(run_dir: str | Path, split: str = "train", iters: int = 20, tol: float = 1e-3,
+                  rho: float = 0.05, steps: int = 5, checkpoint: str | None = None, max_samples: int | None = None,
+                  seed: int = 0, device: str | None = None, out: str | Path | None = None,
+                  tensorboard: bool = True) -> dict[str, Any]:
+    """``fedlight sharpness``: top Hessian eigenvalue and SAM sharpness of a run's model.
+
+    Writes ``<out>/r<round>_<split>_sharpness.json`` and ``sharpness/<split>/*`` scalars (at the model's round) to
+    ``RUN_DIR/tb``.
+    """
+    run = load_run(run_dir, checkpoint, device)
+    batches = data_batches(run.data, split, max_samples, seed)
+    eig = top_eigenvalue(run.model, batches, iters=iters, tol=tol, seed=seed)
+    sam = sam_sharpness(run.model, batches, rho=rho, steps=steps, seed=seed)
+    result = {"round": run.round, "split": split, "weights": str(run.weights), "loss": sam["loss"],
+              "top_eigenvalue": eig["eigenvalue"], "power_iterations": eig["iterations"],
+              "eigenvalue_history": eig["history"], "rho": rho, "ascent_steps": steps,
+              "sam_sharpness": sam["sharpness"], "sam_one_step": sam["sam_step"],
+              "sam_history": sam["history"], "samples": max_samples}
+    path = _out_dir(run, out) / f"r{run.round}_{split}_sharpness.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    result["path"] = path
+    if tensorboard:
+        scalars = {f"sharpness/{split}/top_eigenvalue": eig["eigenvalue"],
+                   f"sharpness/{split}/sam_rho{rho:g}": sam["sharpness"]}
+        _tb_images(run.run_dir, {}, run.round, scalars={k: v for k, v in scalars.items() if math.isfinite(v)})
+    return result

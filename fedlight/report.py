@@ -1,0 +1,246 @@
+"""``fedlight report RUN_DIR...``: finished runs → a comparison table (Markdown + CSV) and curve plots (PNG).
+
+A run directory is anything holding ``metrics.jsonl`` (one JSON row per round, written by the loop) and, once
+finished, ``summary.json``. A directory that is not a run is searched recursively, so
+``fedlight report runs/tables/fedwmsam_table1`` reports every run of a reproduced table.
+The plot has two panels, test accuracy and train loss against rounds, one line per run (or, from
+``fedlight reproduce``, one line per cell: the mean curve over its seeds), like the papers' figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import platform
+import statistics
+from pathlib import Path
+from typing import Any
+
+from fedlight.errors import ConfigError, check
+
+METRICS = ("final_test_acc", "best_test_acc", "seconds_per_round", "final_train_loss")
+
+
+def find_runs(paths: list[str | Path]) -> list[Path]:
+    """Run directories at or under ``paths`` (those holding ``metrics.jsonl``), in order, without repeats."""
+    runs: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise ConfigError(f"`fedlight report`: {p} does not exist")
+        found = [p] if (p / "metrics.jsonl").is_file() else sorted(m.parent for m in p.rglob("metrics.jsonl"))
+        if not found:
+            raise ConfigError(f"`fedlight report`: no run under {p} (a run directory holds metrics.jsonl)")
+        runs += [r for r in found if r not in runs]
+    return runs
+
+
+def read_curve(run: Path) -> list[dict[str, Any]]:
+    """The rows of ``run/metrics.jsonl`` (a torn last line, from a killed run, is skipped)."""
+    rows = []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "round" in row:
+            rows.append(row)
+    return rows
+
+
+def read_summary(run: Path) -> dict[str, Any] | None:
+    f = run / "summary.json"
+    return json.loads(f.read_text()) if f.is_file() else None
+
+
+def finished(run: Path) -> bool:
+    """A run is finished when ``summary.json`` reports all the rounds its ``config.yaml`` asked for (or that it
+    stopped for good: ``diverged_at_round``)."""
+    import yaml
+
+    s, cfg = run / "summary.json", run / "config.yaml"
+    if not (s.is_file() and cfg.is_file()):
+        return False
+    rounds = ((yaml.safe_load(cfg.read_text()) or {}).get("loop") or {}).get("rounds", 100)
+    summary = json.loads(s.read_text())
+    return summary.get("rounds_completed", 0) >= rounds or summary.get("diverged_at_round") is not None
+
+
+def target_fraction(metric: str) -> float:
+    """``rounds_to_target:0.7`` (or ``:70``) → 0.7."""
+    t = float(metric.split(":", 1)[1].rstrip("%"))
+    return t / 100 if t > 1 else t
+
+
+def check_metric(metric: str) -> None:
+    if metric.startswith("rounds_to_target:"):
+        check(0 < target_fraction(metric) <= 1, f"`{metric}`: the target must be an accuracy in (0, 1] or (0, 100]")
+    else:
+        check(metric in METRICS, f"unknown metric {metric!r}; use {', '.join(METRICS)} or rounds_to_target:<t>")
+
+
+def metric_value(run: Path, metric: str) -> float | None:
+    """``metric`` of a finished run: accuracies in %; rounds to a target accuracy from the per-round curve
+    (None: not reached); seconds per round and final train loss from ``summary.json``."""
+    check_metric(metric)
+    if metric.startswith("rounds_to_target:"):
+        from fedlight.records import rounds_to_target
+
+        return rounds_to_target(read_curve(run), target_fraction(metric))
+    v = (read_summary(run) or {}).get(metric)
+    return None if v is None else (100 * v if metric.endswith("_acc") else v)
+
+
+def metric_label(metric: str) -> str:
+    if metric.startswith("rounds_to_target:"):
+        return f"rounds to {100 * target_fraction(metric):g}% test accuracy"
+    return {"final_test_acc": "final test accuracy (%)", "best_test_acc": "best test accuracy (%)",
+            "seconds_per_round": "seconds per round", "final_train_loss": "final train loss"}[metric]
+
+
+def stats(metric: str, vals: list) -> dict[str, Any]:
+    """Mean ± sample std over seeds and its text; ``vals`` holds a value per seed, None (target not reached)
+    or "missing" (the seed's run is not finished)."""
+    done = [v for v in vals if v != "missing"]
+    got = [float(v) for v in done if v is not None]
+    mean = statistics.fmean(got) if got else None
+    std = statistics.stdev(got) if len(got) > 1 else None
+    digits = {"seconds_per_round": 3, "final_train_loss": 4}.get(metric, 0 if metric.startswith("rounds") else 2)
+    text = "not run" if not done else "not reached" if not got else \
+        f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+    if done and len(got) < len(done):
+        text += f" ({len(got)}/{len(done)} reached)"
+    if len(done) < len(vals):
+        text += f" [{len(done)}/{len(vals)} seeds]"
+    return {"mean": mean, "std": std, "n": len(got), "text": text, "digits": digits}
+
+
+def hardware(runs: list[Path]) -> str:
+    """CPU model and core count of this machine; the GPU names the runs' summaries recorded."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                   if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpus = sorted({g for r in runs if (g := ((read_summary(r) or {}).get("versions") or {}).get("cuda_device"))})
+    return f"CPU {cpu} ({os.cpu_count()} cores); GPU {', '.join(gpus) if gpus else 'none'}"
+
+
+def mean_curve(runs: list[Path], key: str) -> tuple[list[int], list[float]]:
+    """Per-round mean of ``key`` over ``runs`` (rounds where at least one run has a value)."""
+    by_round: dict[int, list[float]] = {}
+    for run in runs:
+        for row in read_curve(run):
+            v = row.get(key)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                by_round.setdefault(int(row["round"]), []).append(float(v))
+    rounds = sorted(by_round)
+    return rounds, [sum(by_round[r]) / len(by_round[r]) for r in rounds]
+
+
+def plot_curves(groups: dict[str, list[Path]], path: Path, title: str = "") -> Path:
+    """Write a PNG with test accuracy (%) and train loss against rounds, one line per group (mean over its runs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
+    for label, runs in groups.items():
+        r, acc = mean_curve(runs, "test_acc")
+        if r:
+            ax_acc.plot(r, [100 * a for a in acc], label=label, lw=1.4, marker="o" if len(r) < 12 else None, ms=3)
+        r, loss = mean_curve(runs, "train_loss")
+        if r:
+            ax_loss.plot(r, loss, label=label, lw=1.4, marker="o" if len(r) < 12 else None, ms=3)
+    for ax, name in ((ax_acc, "test accuracy (%)"), (ax_loss, "train loss")):
+        ax.set_xlabel("round")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    ax_loss.legend(fontsize=7, loc="best", ncol=1 + len(groups) // 12)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _algorithm(run: Path) -> str:
+    cfg = run / "config.yaml"
+    if not cfg.is_file():
+        return "?"
+    import yaml
+
+    algo = (yaml.safe_load(cfg.read_text()) or {}).get("algorithm") or {}
+    return str(algo.get("class_path", "FedAvg")).rsplit(".", 1)[-1] if isinstance(algo, dict) else str(algo)
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def run_rows(runs: list[Path]) -> list[dict[str, Any]]:
+    """One comparison row per run (unfinished runs report their last completed round)."""
+    common = Path(os.path.commonpath([r.resolve() for r in runs]))
+    rows = []
+    for run in runs:
+        s, curve = read_summary(run), read_curve(run)
+        label = str(run.resolve().relative_to(common)) if len(runs) > 1 else run.name
+        acc = [c["test_acc"] for c in curve if c.get("test_acc") is not None]
+        rows.append({
+            "run": label, "algorithm": _algorithm(run), "finished": s is not None,
+            "rounds": s["rounds_completed"] if s else (curve[-1]["round"] if curve else 0),
+            "final_test_acc": s["final_test_acc"] if s else (acc[-1] if acc else None),
+            "best_test_acc": s["best_test_acc"] if s else (max(acc) if acc else None),
+            "best_round": s["best_round"] if s else None,
+            "final_train_loss": s["final_train_loss"] if s else (curve[-1].get("train_loss") if curve else None),
+            "seconds_per_round": s["seconds_per_round"] if s else None,
+            "git_revision": ((s or {}).get("versions") or {}).get("git_revision"), "path": str(run),
+        })
+    return rows
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    def pct(v):
+        return _fmt(None if v is None else 100 * v, ".2f")
+
+    head = ("| run | algorithm | rounds | final acc (%) | best acc (%) (round) | final train loss | s / round |\n"
+            "|---|---|---:|---:|---:|---:|---:|\n")
+    return head + "".join(
+        f"| {r['run']}{'' if r['finished'] else ' (unfinished)'} | {r['algorithm']} | {r['rounds']} | "
+        f"{pct(r['final_test_acc'])} | {pct(r['best_test_acc'])} ({_fmt(r['best_round'], 'd')}) | "
+        f"{_fmt(r['final_train_loss'], '.4f')} | {_fmt(r['seconds_per_round'], '.3f')} |\n" for r in rows)
+
+
+def csv_text(rows: list[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return out.getvalue()
+
+
+def cmd_report(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="fedlight report", description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="+", help="run directories (or folders searched for them)")
+    p.add_argument("--out", default="runs/report", help="where report.md, report.csv and curves.png go")
+    p.add_argument("--title", default="", help="plot title")
+    args = p.parse_args(argv)
+    from fedlight.records import atomic_write_text
+
+    runs = find_runs(args.runs)
+    rows = run_rows(runs)
+    out = Path(args.out)
+    md = markdown_table(rows)
+    atomic_write_text(out / "report.md", f"# Run comparison\n\n{md}")
+    atomic_write_text(out / "report.csv", csv_text(rows))
+    plot_curves({r["run"]: [run] for r, run in zip(rows, runs)}, out / "curves.png", args.title)
+    print(md)
+    print(f"wrote {out / 'report.md'}, {out / 'report.csv'}, {out / 'curves.png'}")
+    return 0

@@ -1,0 +1,347 @@
+"""``fedlight reproduce SPEC``: re-run a paper table with one command and put the paper's numbers next to ours.
+
+A *table spec* (``recipes/tables/*.yaml``) names a base recipe, a grid of overrides and the paper's values::
+
+    title: FedWMSAM (NeurIPS'25) Table 1 — test accuracy (%) after 500 rounds
+    base: recipes/fedwmsam_mlp_fmnist_dir0.1.yaml
+    metric: final_test_acc            # final_test_acc | best_test_acc | rounds_to_target:<t> | seconds_per_round
+    also: [best_test_acc]             #   | final_train_loss; `also`: extra metrics shown (no paper value)
+    overrides: {loop.eval_every: 1}   # applied to every cell
+    rows:    {fedavg: {algorithm: {class_path: fedlight.algorithms.FedAvg}}, ...}
+    columns: {dir0.1: {}, dir0.6: {data.init_args.partition.init_args.alpha: 0.6}, ...}
+    cell_overrides: {fedadamw/vit: {algorithm.init_args.blocks: hessian}}
+    paper:   {fedavg: {dir0.1: 82.26, dir0.6: 86.84}, ...}   # null or absent: the paper has no number
+    notes: how this setup differs from the paper's
+
+Overrides are ``fedlight fit`` flags without the dashes (``loop.rounds: 2`` → ``--loop.rounds 2``). A column
+may also carry ``metric:``; columns without overrides share their row's runs (e.g. rounds to 70 % and 72 %).
+Cell ``row/col`` runs, for seed k, as the subprocess ``python -m fedlight.cli fit --config BASE <overrides>
+--seed k --out_dir OUT/<row>[/<col>]/seed<k> --resume auto``: ``--jobs`` is process parallelism, finished runs
+are skipped and interrupted ones resume. Accuracies are in %, like the papers' tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedlight import report as rep
+from fedlight.cli import recipes_dir, register_command
+from fedlight.errors import ConfigError, check
+
+SHRINK_KEYS = {"rounds": "loop.rounds", "subset": "data.init_args.subset", "test_subset": "data.init_args.test_subset"}
+SPEC_KEYS = {"title", "base", "metric", "also", "overrides", "rows", "columns", "cell_overrides", "paper", "notes",
+             "seeds"}
+
+
+@dataclass
+class Cell:
+    row: str
+    col: str
+    metric: str
+    overrides: dict[str, Any]
+    run_key: str  # runs live in OUT/<run_key>/seed<k>; columns without overrides share the row's runs
+    values: dict[str, list] = field(default_factory=dict)  # metric -> per-seed value (None: not reached)
+    diverged: int = 0  # seeds whose run stopped on a non-finite model (their values are the last good round's)
+
+    @property
+    def name(self) -> str:
+        return f"{self.row}/{self.col}"
+
+
+# ------------------------------------------------------------------------------------------------ the spec
+def find_spec(name: str) -> Path:
+    p = Path(name)
+    for cand in (p, recipes_dir() / "tables" / p, recipes_dir() / "tables" / f"{name}.yaml"):
+        if cand.is_file():
+            return cand
+    raise ConfigError(f"table spec {name!r} not found (looked at {p} and {recipes_dir() / 'tables'})")
+
+
+def load_spec(path: Path) -> dict[str, Any]:
+    import yaml
+
+    spec = yaml.safe_load(Path(path).read_text()) or {}
+    where = f"table spec {path}"
+    check(isinstance(spec, dict), f"{where} must be a mapping")
+    check(not set(spec) - SPEC_KEYS, f"{where}: unknown keys {sorted(set(spec) - SPEC_KEYS)}")
+    for k in ("title", "base", "metric", "rows"):
+        check(k in spec, f"{where} lacks `{k}`")
+    check(isinstance(spec["rows"], dict) and spec["rows"], f"{where}: `rows` must map names to overrides")
+    spec.setdefault("columns", {"result": {}})
+    for part in ("rows", "columns", "cell_overrides"):
+        for name, ov in (spec.get(part) or {}).items():
+            check(isinstance(ov, dict) or ov is None, f"{where}: {part}.{name} must be a mapping of overrides")
+            check("/" not in name or part == "cell_overrides", f"{where}: {part} name {name!r} must not hold '/'")
+    for m in [spec["metric"], *spec.get("also", []), *(c["metric"] for c in spec["columns"].values()
+                                                        if c and "metric" in c)]:
+        rep.check_metric(m)
+    unknown = {f"{r}/{c}" for r, cols in (spec.get("paper") or {}).items() for c in (cols or {})}
+    unknown -= {f"{r}/{c}" for r in spec["rows"] for c in spec["columns"]}
+    unknown |= set(spec.get("cell_overrides") or {}) - {f"{r}/{c}" for r in spec["rows"] for c in spec["columns"]}
+    check(not unknown, f"{where}: `paper`/`cell_overrides` name cells that are not in the grid: {sorted(unknown)}")
+    return spec
+
+
+def base_path(spec: dict[str, Any]) -> Path:
+    p = Path(spec["base"])
+    return p if p.is_file() else recipes_dir().parent / p
+
+
+def cells(spec: dict[str, Any]) -> list[Cell]:
+    out = []
+    for col, cov in spec["columns"].items():
+        cov = dict(cov or {})
+        metric = cov.pop("metric", spec["metric"])
+        for row, rov in spec["rows"].items():
+            extra = (spec.get("cell_overrides") or {}).get(f"{row}/{col}") or {}
+            ov = {**(spec.get("overrides") or {}), **cov, **(rov or {}), **extra}
+            out.append(Cell(row, col, metric, ov, f"{row}/{col}" if cov or extra else row))
+    return out
+
+
+def flags(overrides: dict[str, Any]) -> list[str]:
+    """``{"loop.rounds": 2, "algorithm": {...}}`` → ``["--loop.rounds", "2", "--algorithm", '{...}']``."""
+    out = []
+    for k, v in overrides.items():
+        if isinstance(v, bool) or v is None:
+            v = json.dumps(v)
+        elif isinstance(v, (dict, list)):
+            v = json.dumps(v)
+        out += [f"--{k}", str(v)]
+    return out
+
+
+def shrink_overrides(text: str | None, spec: dict[str, Any], cell: Cell) -> dict[str, Any]:
+    """``rounds=2,subset=512,test_subset=256`` (or any ``dotted.key=value``) → overrides; data keys the cell's
+    data class does not take (Synthetic has no ``subset``) are skipped."""
+    import inspect
+
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in filter(None, (text or "").split(",")):
+        check("=" in item, f"`--shrink` takes key=value pairs, got {item!r}")
+        k, v = item.split("=", 1)
+        out[SHRINK_KEYS.get(k.strip(), k.strip())] = yaml.safe_load(v)
+    data = yaml.safe_load(base_path(spec).read_text()).get("data") or {}
+    for k, v in cell.overrides.items():
+        if k == "data" and isinstance(v, dict) and "class_path" in v:
+            data = v
+    mod, _, name = data.get("class_path", "").rpartition(".")
+    params = inspect.signature(getattr(__import__(mod, fromlist=[name]), name)).parameters if mod else {}
+    return {k: v for k, v in out.items() if not k.startswith("data.init_args.") or k.split(".")[2] in params}
+
+
+# ------------------------------------------------------------------------------------------------ running
+@dataclass
+class Run:
+    cell: Cell
+    seed: int
+    path: Path  # OUT/<run_key>/seed<k>
+    argv: list[str]  # `fedlight fit ...` arguments
+    record: dict[str, Any]  # what made the run (kept in reproduce.json; another command must not reuse the folder)
+
+    def valid(self) -> bool:
+        mark = self.path / "reproduce.json"
+        return not mark.is_file() or json.loads(mark.read_text()) == self.record
+
+    def done(self) -> bool:
+        return self.valid() and rep.finished(self.path)
+
+
+def plan(spec, cs: list[Cell], seeds: list[int], out: Path, shrink: str | None) -> list[Run]:
+    runs = []
+    for c in cs:
+        fl = flags({**c.overrides, **shrink_overrides(shrink, spec, c)})
+        for k in seeds:
+            path = out / c.run_key / f"seed{k}"
+            argv = ["fit", "--config", str(base_path(spec)), *fl, "--seed", str(k), "--out_dir", str(path),
+                    "--resume", "auto"]
+            runs.append(Run(c, k, path, argv, {"base": spec["base"], "flags": [*fl, "--seed", str(k)]}))
+    return runs
+
+
+def run_one(run: Run, env: dict) -> str:
+    """Run (or resume, or skip) one seed of one cell: 'done', 'diverged', 'skipped', 'failed' or 'conflict'."""
+    from fedlight.records import atomic_write_text
+
+    if not run.valid():
+        return "conflict"
+    if rep.finished(run.path):
+        return "skipped"
+    run.path.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run.path / "reproduce.json", json.dumps(run.record, indent=1) + "\n")
+    with open(run.path / "fit.log", "a") as log:
+        rc = subprocess.call([sys.executable, "-m", "fedlight.cli", *run.argv], stdout=log, stderr=log, env=env)
+    diverged = rep.finished(run.path) and (rep.read_summary(run.path) or {}).get("diverged_at_round") is not None
+    if not rep.finished(run.path) or (rc != 0 and not diverged):
+        return "failed"
+    return "diverged" if diverged else "done"
+
+
+def run_all(runs: list[Run], jobs: int) -> dict[str, int]:
+    """Run each distinct run folder once, ``jobs`` processes at a time; print one line per run."""
+    todo = list({r.path: r for r in runs}.values())  # columns without overrides share their row's runs
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(recipes_dir().parent),
+                                                                     os.environ.get("PYTHONPATH")])))
+    if jobs > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    lock, counts, t0 = threading.Lock(), {}, time.time()
+
+    def go(run: Run) -> None:
+        t = time.time()
+        status = run_one(run, env)
+        with lock:
+            counts[status] = counts.get(status, 0) + 1
+            hint = {"failed": f" — see {run.path / 'fit.log'}", "conflict": f" — {run.path} was made by another "
+                    "command (reproduce.json); delete it or pass another --out"}.get(status, "")
+            print(f"[{sum(counts.values())}/{len(todo)}] {run.cell.run_key} seed{run.seed}: {status} "
+                  f"({time.time() - t:.0f} s){hint}", flush=True)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(go, todo))
+    print(f"{len(todo)} runs in {time.time() - t0:.0f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    return counts
+
+
+# ------------------------------------------------------------------------------------------------ the table
+def paper_value(spec, cell: Cell) -> Any:
+    return ((spec.get("paper") or {}).get(cell.row) or {}).get(cell.col)
+
+
+def collect(spec, runs: list[Run]) -> None:
+    """Fill each cell's per-seed values ("missing" where the seed's run is not finished)."""
+    for r in runs:
+        ok = r.done()
+        r.cell.diverged += ok and (rep.read_summary(r.path) or {}).get("diverged_at_round") is not None
+        for m in [r.cell.metric, *spec.get("also", [])]:
+            r.cell.values.setdefault(m, []).append(rep.metric_value(r.path, m) if ok else "missing")
+
+
+def number(v: Any) -> float | None:
+    """The leading number of a paper value (``66.04 ± 0.11`` → 66.04); None for text like ``not reached``."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    m = re.match(r"\s*(-?\d+(?:\.\d+)?)", str(v)) if v is not None else None
+    return float(m.group(1)) if m else None
+
+
+def write_table(spec, spec_path: Path, runs: list[Run], seeds: list[int], out: Path, command: str,
+                shrink: str | None, jobs: int) -> str:
+    """Write ``table.md``, ``table.csv`` and ``curves*.png`` (one figure per column that has its own runs)."""
+    import csv
+    import io
+
+    from fedlight.records import atomic_write_text, git_revision
+
+    cs = list({id(r.cell): r.cell for r in runs}.values())
+    done = list(dict.fromkeys(r.path for r in runs if r.done()))
+    revs = sorted({str(((rep.read_summary(r) or {}).get("versions") or {}).get("git_revision")) for r in done})
+    rounds = sorted({(rep.read_summary(r) or {}).get("rounds_completed") for r in done} - {None})
+    lines = [f"# {spec['title']}", "",
+             f"- Spec: `{spec_path}` · base recipe `{spec['base']}`",
+             f"- Metric: {rep.metric_label(spec['metric'])}" + "".join(f"; also {rep.metric_label(m)}"
+                                                                    for m in spec.get("also", [])),
+             f"- Seeds: {', '.join(map(str, seeds))} (mean ± sample std over seeds) · rounds: "
+             f"{', '.join(map(str, rounds)) or '-'} · shrink: {shrink or 'none (full scale)'} · jobs: {jobs}",
+             f"- Hardware: {rep.hardware(done)}",
+             f"- fedlight revision: {git_revision()} (runs made at: {', '.join(revs) or '-'})",
+             f"- Command: `{command}`", f"- Run directories under `{out}`", "",
+             "## How this differs from the paper", "", str(spec.get("notes", "")).strip() or "-", ""]
+    cols = list(dict.fromkeys(c.col for c in cs))
+    lines += ["## Measured (paper)", "", f"| | {' | '.join(cols)} |", f"|---|{'---:|' * len(cols)}"]
+    grid = {(c.row, c.col): c for c in cs}
+    for row in dict.fromkeys(c.row for c in cs):
+        items = []
+        for col in cols:
+            c = grid.get((row, col))
+            p = paper_value(spec, c) if c else None
+            items.append("" if c is None else rep.stats(c.metric, c.values[c.metric])["text"] +
+                         (f" ({p})" if p is not None else "") + (f" [{c.diverged} diverged]" if c.diverged else ""))
+        lines.append(f"| {row} | {' | '.join(items)} |")
+    lines += ["", "## Cells", "", "| cell | metric | paper | measured | difference | run directory |",
+              "|---|---|---:|---:|---:|---|"]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["cell", "row", "column", "metric", "paper", "mean", "std", "n", "difference", "values", "run_dir"])
+    for c in cs:
+        for m in [c.metric, *spec.get("also", [])]:
+            s, p = rep.stats(m, c.values[m]), paper_value(spec, c) if m == c.metric else None
+            diff = s["mean"] - number(p) if s["mean"] is not None and number(p) is not None and \
+                s["n"] == len(c.values[m]) else None
+            run_dir = out / c.run_key
+            d = "-" if diff is None else format(diff, f"+.{s['digits']}f")
+            lines.append(f"| {c.name} | {m} | {'-' if p is None else p} | {s['text']} | {d} | `{run_dir}` |")
+            w.writerow([c.name, c.row, c.col, m, "" if p is None else p, "" if s["mean"] is None else repr(s["mean"]),
+                        "" if s["std"] is None else repr(s["std"]), s["n"], "" if diff is None else repr(diff),
+                        json.dumps(c.values[m]), str(run_dir)])
+    atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
+    atomic_write_text(out / "table.csv", buf.getvalue())
+    figures: dict[str, dict[str, list[Path]]] = {}
+    for r in runs:
+        if r.done():
+            fig = r.cell.col if "/" in r.cell.run_key else ""
+            figures.setdefault(fig, {}).setdefault(r.cell.row, []).append(r.path)
+    for fig, groups in figures.items():
+        rep.plot_curves(groups, out / f"curves{'_' + fig if fig else ''}.png", f"{spec['title']} {fig}".strip())
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ the command
+def default_out(spec_path: Path, shrink: str | None) -> Path:
+    tag = re.sub(r"[^A-Za-z0-9._]+", "-", (shrink or "").replace("=", "")).strip("-")
+    return Path("runs") / "tables" / (spec_path.stem + (f"_shrink-{tag}" if tag else ""))
+
+
+def cmd_reproduce(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="fedlight reproduce", description=__doc__.split("\n")[0])
+    p.add_argument("spec", help="table spec YAML (or its name under recipes/tables/)")
+    p.add_argument("--cells", default="*", help="glob(s) over 'row/column', comma-separated (default: all)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the spec's `seeds`, else 1)")
+    p.add_argument("--shrink", default=None, help="e.g. rounds=2,subset=512,test_subset=256 (or dotted.key=value)")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (separate processes)")
+    p.add_argument("--out", default=None, help="output folder (default runs/tables/<spec>[_shrink-...])")
+    p.add_argument("--dry-run", action="store_true", help="print the fit commands and stop")
+    p.add_argument("--table-only", action="store_true", help="run nothing; rebuild table.md/csv from finished runs")
+    a = p.parse_args(argv)
+    spec_path = find_spec(a.spec)
+    spec = load_spec(spec_path)
+    check(base_path(spec).is_file(), f"table spec {spec_path}: base recipe {spec['base']} not found")
+    seeds = list(range(a.seeds if a.seeds is not None else int(spec.get("seeds", 1))))
+    check(len(seeds) > 0 and a.jobs > 0, "`--seeds` and `--jobs` must be positive")
+    out = Path(a.out) if a.out else default_out(spec_path, a.shrink)
+    every = cells(spec)
+    pats = [s.strip() for s in a.cells.split(",") if s.strip()]
+    todo = [c for c in every if any(fnmatch.fnmatchcase(c.name, pt) for pt in pats)]
+    check(len(todo) > 0, f"`--cells {a.cells}` matches none of: {', '.join(c.name for c in every)}")
+    runs = plan(spec, every, seeds, out, a.shrink)
+    chosen = [r for r in runs if any(r.cell is c for c in todo)]
+    if a.dry_run:
+        print("\n".join(shlex.join(["fedlight", *r.argv]) for r in chosen))
+        return 0
+    counts = {} if a.table_only else run_all(chosen, a.jobs)
+    # The table holds the chosen cells and any other cell of the spec that already has a finished run.
+    keep = {id(r.cell) for r in chosen} | {id(r.cell) for r in runs if r.done()}
+    shown = [r for r in runs if id(r.cell) in keep]
+    collect(spec, shown)
+    command = shlex.join(["fedlight", "reproduce", *argv])
+    print(write_table(spec, spec_path, shown, seeds, out, command, a.shrink, a.jobs))
+    print(f"\nwrote {out / 'table.md'} and {out / 'table.csv'}")
+    return 1 if counts.get("failed") or counts.get("conflict") else 0
+
+
+register_command("reproduce", cmd_reproduce, "run a paper table:  fedlight reproduce recipes/tables/X.yaml")
+register_command("report", rep.cmd_report, "compare finished runs: table + curves.png:  fedlight report RUN_DIR...")

@@ -1,0 +1,122 @@
+"""TensorBoard record of a run: read the event files back and compare them with metrics.jsonl and summary.json."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+GROUPS = {"test", "train", "server", "rule", "time", "comm", "summary"}
+
+
+def _accumulator(tb: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(tb), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    ea.Reload()
+    return ea
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    import fedlight
+    from fedlight.algorithms import SCAFFOLD
+    from fedlight.args import LoopConfig
+    from fedlight.data import Synthetic
+    from fedlight.models import MLP
+
+    out = tmp_path_factory.mktemp("logger") / "run"
+    summary = fedlight.fit(MLP(in_features=60, hidden=[16], num_classes=10),
+                           Synthetic(num_clients=6, samples_per_client=40), SCAFFOLD(),
+                           LoopConfig(rounds=2, clients_per_round=3, local_steps=2, progress=False, targets=[0.05]),
+                           out_dir=str(out), accelerator="cpu")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {"dir": out, "summary": summary, "rows": rows, "ea": _accumulator(out / "tb")}
+
+
+def test_every_row_value_is_a_grouped_scalar(run):
+    from fedlight.logger import tag
+
+    ea, rows = run["ea"], run["rows"]
+    scalars = set(ea.Tags()["scalars"])
+    assert {t.split("/")[0] for t in scalars} <= GROUPS
+    expected = {"train/loss", "train/lr", "test/acc", "test/loss", "train/flatness_distance", "server/update_norm",
+                "rule/control_gap_norm", "server/c_norm", "comm/bytes_up", "comm/bytes_down", "time/round_s",
+                "time/train_s", "time/aggregate_s", "time/eval_s", "time/checkpoint_s", "time/total_s"}
+    assert expected <= scalars
+    assert len(rows) == 2
+    for row in rows:
+        for key, value in row.items():
+            if key == "round":
+                continue
+            events = {e.step: e.value for e in ea.Scalars(tag(key))}
+            assert events[row["round"]] == pytest.approx(value, rel=1e-6, abs=1e-30), key
+        total = {e.step: e.value for e in ea.Scalars("time/total_s")}[row["round"]]
+        parts = sum(row[k] for k in ("train_time_s", "aggregate_time_s", "eval_time_s", "checkpoint_time_s"))
+        assert total == pytest.approx(parts, rel=1e-6)
+    for t in expected:  # one value per round, no duplicates
+        assert [e.step for e in ea.Scalars(t)] == [1, 2], t
+
+
+def test_hparams_and_final_metrics(run):
+    from tensorboard.plugins.hparams import metadata
+
+    ea, summary = run["ea"], run["summary"]
+    content = ea.PluginTagToContent("hparams")
+    assert metadata.SESSION_START_INFO_TAG in content and metadata.SESSION_END_INFO_TAG in content
+    start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
+    hp = start.hparams
+    assert hp["algorithm"].string_value == "scaffold"
+    assert hp["loop.rounds"].number_value == 2 and hp["loop.lr"].number_value == pytest.approx(0.1)
+    assert hp["seed"].number_value == 0
+    assert hp["model"].string_value == "MLP" and hp["data"].string_value == "Synthetic"  # from config.yaml
+    for key in ("final_test_acc", "best_test_acc", "final_train_loss", "seconds_per_round", "bytes_up"):
+        (event,) = ea.Scalars(f"summary/{key}")
+        assert event.step == 2 and event.value == pytest.approx(summary[key], rel=1e-6), key
+    (r,) = ea.Scalars("summary/rounds_to_0.05")
+    assert r.value == summary["rounds_to_target"]["0.05"]
+
+
+def test_config_partition_and_layout(run):
+    from PIL import Image
+
+    ea = run["ea"]
+    tensors = set(ea.Tags()["tensors"])
+    assert {"config/text_summary", "data/partition/text_summary", "custom_scalars__config__"} <= tensors
+    config = ea.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "class_path" in config and "SCAFFOLD" in config
+    partition = ea.Tensors("data/partition/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "6 clients" in partition
+    (image,) = ea.Images("data/class_histogram")
+    pic = Image.open(io.BytesIO(image.encoded_image_string))
+    assert pic.size == (image.width, image.height) and image.width > 200 and image.height > 100
+    assert np.asarray(pic).std() > 0  # not a blank canvas
+
+
+def test_histogram_image_both_styles():
+    from fedlight.logger import class_histogram_image
+
+    rng = np.random.default_rng(0)
+    bars = class_histogram_image(rng.integers(0, 30, (12, 4)))
+    heat = class_histogram_image(rng.integers(0, 30, (300, 50)))
+    for img in (bars, heat):
+        assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3
+
+
+def test_resumed_rounds_replace_the_interrupted_ones(tmp_path):
+    """A resumed run re-logs the rounds after its checkpoint; TensorBoard keeps only the new values."""
+    from fedlight.logger import RunLogger
+
+    first = RunLogger(tmp_path)
+    for r in (1, 2, 3):
+        first.log_round({"round": r, "train_loss": float(r)}, step=r)
+    first.close()
+    second = RunLogger(tmp_path)  # resumed from the checkpoint after round 1
+    for r in (2, 3, 4):
+        second.log_round({"round": r, "train_loss": 10.0 * r}, step=r)
+    second.close()
+    events = _accumulator(tmp_path / "tb").Scalars("train/loss")
+    assert [(e.step, e.value) for e in events] == [(1, 1.0), (2, 20.0), (3, 30.0), (4, 40.0)]

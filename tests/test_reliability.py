@@ -1,0 +1,163 @@
+"""Crash safety, divergence handling, client failures and safe loading."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from fedtest import image_clients, tiny_cnn
+
+import fedlight
+from fedlight.args import LoopConfig
+from fedlight.data import TensorClients
+from fedlight.errors import ConfigError
+from fedlight.sampling import client_fails, sample_clients
+
+TINY = str(Path(__file__).parent / "configs" / "tiny.yaml")
+ROUNDS = ["--loop.rounds", "4", "--loop.eval_every", "1"]
+
+
+def _cli(out, *extra, env=None, check=True):
+    cmd = [sys.executable, "-m", "fedlight.cli", "fit", "--config", TINY, "--out_dir", str(out), *ROUNDS, *extra]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    if check:
+        assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+def _rounds(out):
+    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["round"] for line in lines]
+
+
+def _final(out):
+    return torch.load(Path(out) / "final_model.pt", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "run"
+    _cli(out)
+    return _final(out)
+
+
+@pytest.mark.parametrize("point", ["train@2", "eval@3", "ckpt@2", "metrics@3"])
+def test_sigkill_then_resume_is_bitwise(point, reference, tmp_path):
+    out = tmp_path / "run"
+    res = _cli(out, env={"FEDLIGHT_FAULT": point}, check=False)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    assert not (out / "summary.json").exists()
+    assert not list((out / "checkpoints").glob(".*.tmp")) or point == "ckpt@2"  # a torn temp file at most
+    _cli(out, "--resume", "auto")
+    assert _rounds(out) == [1, 2, 3, 4]
+    final = _final(out)
+    for k in reference:
+        assert torch.equal(final[k], reference[k]), (point, k)
+
+
+def test_sigkill_at_arbitrary_times(reference, tmp_path):
+    """Kill from outside after a few chosen delays (wherever the run happens to be), then resume."""
+    for delay in (6.0, 9.0):
+        out = tmp_path / f"run{delay}"
+        cmd = [sys.executable, "-m", "fedlight.cli", "fit", "--config", TINY, "--out_dir", str(out), *ROUNDS,
+               "--loop.rounds", "6"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        _cli(out, "--loop.rounds", "6", "--resume", "auto")
+        assert _rounds(out) == [1, 2, 3, 4, 5, 6]
+
+
+def _fit(tmp, name, clients, **loop):
+    data = TensorClients(clients, test=clients[0], batch_size=4)
+    cfg = LoopConfig(**{"rounds": 3, "clients_per_round": 3, "local_steps": 3, "lr": 0.05, "progress": False,
+                        **loop})
+    loop_obj = {}
+    s = fedlight.fit(tiny_cnn(), data, fedlight.create("scaffold"), cfg, out_dir=str(tmp / name))
+    rows = [json.loads(x) for x in (tmp / name / "metrics.jsonl").read_text().splitlines()]
+    return s, rows, loop_obj
+
+
+def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path):
+    clients = image_clients()
+    s, rows, _ = _fit(tmp_path, "d", clients, lr=1e30, max_grad_norm=None, rounds=5)
+    assert s["diverged_at_round"] is not None
+    assert s["rounds_completed"] == s["diverged_at_round"] - 1
+    ckpt = torch.load(tmp_path / "d" / "checkpoints" / "last.ckpt", weights_only=True) if s["rounds_completed"] \
+        else None
+    if ckpt is not None:
+        assert ckpt["round"] == s["rounds_completed"]
+        assert all(torch.isfinite(v).all() for v in ckpt["params"].values())
+    assert all(torch.isfinite(v).all() for v in _final(tmp_path / "d").values() if v.is_floating_point())
+
+
+def test_skip_client_drops_only_the_bad_client(tmp_path):
+    clients = image_clients()
+    clients[1] = (torch.full_like(clients[1][0], float("nan")), clients[1][1])  # client 1 yields NaN losses
+    s, rows, _ = _fit(tmp_path, "s", clients, on_nonfinite="skip_client", rounds=4)
+    assert "diverged_at_round" not in s
+    for r, row in enumerate(rows):
+        bad = 1 in sample_clients(4, 3, 0, r)
+        assert row["clients_skipped_nonfinite"] == int(bad)
+        assert row["clients_reported"] == 3 - int(bad)
+    assert all(torch.isfinite(v).all() for v in _final(tmp_path / "s").values() if v.is_floating_point())
+
+
+def test_client_dropout_is_seeded_and_leaves_state(tmp_path):
+    p = 0.5
+    s1, rows1, _ = _fit(tmp_path, "a", image_clients(), client_dropout=p, rounds=4)
+    s2, rows2, _ = _fit(tmp_path, "b", image_clients(), client_dropout=p, rounds=4)
+    assert _final(tmp_path / "a").keys() == _final(tmp_path / "b").keys()
+    assert all(torch.equal(_final(tmp_path / "a")[k], _final(tmp_path / "b")[k]) for k in _final(tmp_path / "a"))
+    for r, row in enumerate(rows1):
+        dropped = [c for c in sample_clients(4, 3, 0, r) if client_fails(0, r, c, p)]
+        assert row["clients_dropped"] == len(dropped)
+    # per-client state: a client that only ever failed has none stored
+    ckpt = torch.load(tmp_path / "a" / "checkpoints" / "last.ckpt", weights_only=True)
+    reported = {c for r in range(4) for c in sample_clients(4, 3, 0, r) if not client_fails(0, r, c, p)}
+    assert set(ckpt["store"]["states"]) == reported
+
+
+def test_round_where_nobody_reports_leaves_model_unchanged(tmp_path):
+    # find a round in which every sampled client fails
+    p = 0.9
+    s, rows, _ = _fit(tmp_path, "n", image_clients(), client_dropout=p, rounds=3)
+    silent = [r for r in range(3) if all(client_fails(0, r, c, p) for c in sample_clients(4, 3, 0, r))]
+    assert silent, "choose p so that at least one round is silent"
+    for r in silent:
+        assert rows[r]["clients_reported"] == 0
+        assert "update_norm" not in rows[r]
+
+
+def test_truncated_and_foreign_checkpoints_are_refused(tmp_path):
+    _fit(tmp_path, "r", image_clients(), rounds=2)
+    ckpt = tmp_path / "r" / "checkpoints" / "last.ckpt"
+    data = ckpt.read_bytes()
+    trunc = tmp_path / "trunc.ckpt"
+    trunc.write_bytes(data[: len(data) // 2])
+    cfg = LoopConfig(rounds=3, clients_per_round=3, local_steps=3, progress=False)
+    with pytest.raises(ConfigError, match="corrupt"):
+        fedlight.fit(tiny_cnn(), TensorClients(image_clients(), batch_size=4), fedlight.create("scaffold"), cfg,
+                     out_dir=str(tmp_path / "x"), resume=str(trunc))
+    with pytest.raises(ConfigError, match="algorithm is 'scaffold' there and 'fedavg' here"):
+        fedlight.fit(tiny_cnn(), TensorClients(image_clients(), batch_size=4), fedlight.create("fedavg"), cfg,
+                     out_dir=str(tmp_path / "y"), resume=str(ckpt))
+    from fedlight.models import SmallCNN
+
+    with pytest.raises(ConfigError, match="does not match this run"):
+        fedlight.fit(SmallCNN(1, 3, width=6), TensorClients(image_clients(), batch_size=4),
+                     fedlight.create("scaffold"), cfg, out_dir=str(tmp_path / "z"), resume=str(ckpt))
+
+
+def test_every_load_is_weights_only():
+    root = Path(fedlight.__file__).parent
+    for f in root.rglob("*.py"):
+        for m in re.finditer(r"torch\.load\(([^)]*)\)", f.read_text()):
+            assert "weights_only=True" in m.group(1) or "mmap" in m.group(1), f"{f}: {m.group(0)}"
