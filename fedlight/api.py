@@ -80,8 +80,12 @@ def fit(
 
     strategy = "ddp" if world > 1 else "auto"
     logger = None
-    fabric = L.Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
-                      strategy=strategy)
+    try:
+        fabric = L.Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
+                          strategy=strategy)
+    except (ValueError, RuntimeError, TypeError) as e:
+        raise ConfigError(f"`accelerator`/`devices`/`precision` ({accelerator}, {devices}, {precision}): "
+                          f"{str(e).splitlines()[0]}") from None
     fabric.launch()
     with fabric.rank_zero_first():
         data.setup(fabric.device, seed)

@@ -29,6 +29,16 @@ class LRSchedule:
         return lr0
 
 
+def _importable(path: str) -> bool:
+    import importlib
+
+    module, _, name = path.rpartition(".")
+    try:
+        return isinstance(getattr(importlib.import_module(module), name), type)
+    except (ImportError, AttributeError, ValueError):
+        return False
+
+
 @dataclass
 class LoopConfig:
     """How the federated simulation runs (everything that is engineering, not an algorithm's math)."""
@@ -84,6 +94,8 @@ class LoopConfig:
         for name in ("local_epochs", "local_steps"):
             v = getattr(self, name)
             check(v is None or (isinstance(v, int) and v > 0), f"`loop.{name}` must be a positive integer, got {v!r}")
+        check(_importable(self.optimizer), f"`loop.optimizer` {self.optimizer!r} is not an importable optimizer "
+              "class (e.g. torch.optim.SGD, torch.optim.AdamW)")
         check(self.lr > 0 and math.isfinite(self.lr), f"`loop.lr` must be positive, got {self.lr}")
         check(0 <= self.momentum < 1, f"`loop.momentum` must be in [0, 1), got {self.momentum}")
         check(self.weight_decay >= 0, f"`loop.weight_decay` must be >= 0, got {self.weight_decay}")

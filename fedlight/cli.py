@@ -84,6 +84,12 @@ def _explain(e: BaseException) -> str:
     for line in msg.splitlines():  # a ConfigError message reported inside a union-validation error
         if line.strip().startswith("- `"):
             return line.strip()[2:]
+    if msg.strip().startswith("Unexpected config"):
+        return "`--config` is empty or is not a mapping of settings (model, data, algorithm, loop, ...)"
+    keys = re.findall(r'Parser key "([^"]+)"', msg)
+    reasons = [ln.strip() for ln in msg.splitlines() if "Got value" in ln or "not accepted" in ln]
+    if len(keys) > 1 and reasons:
+        return f"`{'.'.join(keys)}`: {reasons[-1]}"
     key = re.search(r'Parser key "([^"]+)"', msg)
     given = re.search(r"Given value: (\S+)$", msg.strip())
     if key and given and key.group(1) in ("algorithm", "model", "data", "data.partition"):

@@ -111,9 +111,9 @@ def stats(metric: str, vals: list) -> dict[str, Any]:
     digits = {"seconds_per_round": 3, "final_train_loss": 4}.get(metric, 0 if metric.startswith("rounds") else 2)
     text = "not run" if not done else "not reached" if not got else \
         f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
-    if done and len(got) < len(done):
+    if got and len(got) < len(done):
         text += f" ({len(got)}/{len(done)} reached)"
-    if len(done) < len(vals):
+    if done and len(done) < len(vals):
         text += f" [{len(done)}/{len(vals)} seeds]"
     return {"mean": mean, "std": std, "n": len(got), "text": text, "digits": digits}
 

@@ -1,0 +1,615 @@
+"""Benchmarks: what a fedlight round costs next to a minimal hand-written PyTorch FedAvg loop, and at scale.
+
+Entry point: ``python tools/bench.py [sections] [options]`` (``--help``). Sections:
+
+* ``--overhead`` (default): the same FedAvg workload, in one process and interleaved round by round, through
+  fedlight's real :class:`~fedlight.loop.FederatedLoop` and through :class:`MinimalFedAvg` (below); seconds per
+  round of each (median after warm-up), their ratio, and a vectorised (``torch.func.vmap``) hand-written round
+  for the speedup fedlight could get from batching clients (fedlight has no vectorised path yet).
+* ``--multiprocess``: ``fedlight fit`` in subprocesses with ``--devices 1`` and ``--devices 2`` on an MLP /
+  Fashion-MNIST recipe (Synthetic when ``FEDLIGHT_DATA`` is unset): speedup, eval share of the run time, peak
+  RSS, and the max |difference| of the final models.
+* ``--many-clients``: SCAFFOLD with 10,000 clients of the Fashion-MNIST MLP (about 8 GB of ``c_i``) through a
+  :class:`~fedlight.state.ClientStateStore` with a memory budget; process RSS and the per-round cost of the spill.
+* ``--gpu``: ResNet-18-CIFAR at CIFAR-100 shapes, ``bf16-mixed``, FedAvg and FedSAM, s/round and the achieved
+  fraction of an H100's bf16 dense peak (989.4 TFLOP/s; 3.33 GFLOP per sample fwd+bwd). Needs CUDA; skipped
+  (and said so) without it.
+
+Nothing here asserts on time. Timings on shared machines are noisy: every comparison is interleaved and the
+medians (and per-round CPU time) are printed next to each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+H100_BF16_PEAK = 989.4e12  # FLOP/s, dense (SXM)
+RESNET18_CIFAR_FLOP = 3.33e9  # per sample, forward + backward (performance_notes.md §3.1)
+
+
+@dataclass
+class Workload:
+    """One benchmark setting: ``clients`` clients, each ``steps`` local steps of batch ``batch`` per round."""
+
+    name: str = "mlp"
+    clients: int = 10
+    steps: int = 50
+    batch: int = 50
+    lr: float = 0.05
+    weight_decay: float = 1e-3
+    max_grad_norm: float | None = 10.0
+    seed: int = 0
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return {"mlp": (1, 28, 28), "lenet5": (3, 32, 32), "resnet18": (3, 32, 32)}[self.name]
+
+    @property
+    def num_classes(self) -> int:
+        return 100 if self.name == "resnet18" else 10
+
+    def model(self) -> nn.Module:
+        from fedlight.models import MLP, LeNet5, ResNet18
+
+        torch.manual_seed(self.seed)
+        if self.name == "mlp":
+            return MLP(784, (200, 200), 10)
+        if self.name == "lenet5":
+            return LeNet5(3, 10, 32)
+        return ResNet18(num_classes=100)
+
+    def data(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Random inputs of the dataset's shape; each client holds exactly one epoch (steps × batch samples)."""
+        g = torch.Generator().manual_seed(self.seed + 1)
+        n = self.steps * self.batch
+        return [(torch.randn(n, *self.shape, generator=g), torch.randint(0, self.num_classes, (n,), generator=g))
+                for _ in range(self.clients)]
+
+
+# ------------------------------------------------------------------------------------------------- environment
+def environment() -> dict[str, Any]:
+    import lightning
+    import numpy
+
+    import fedlight
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        root = Path(__file__).resolve().parent.parent
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        rev = f"{rev}{' + uncommitted changes' if dirty else ''}"
+    except (OSError, subprocess.SubprocessError):
+        rev = "unknown"
+    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version(), "torch": torch.__version__, "lightning": lightning.__version__,
+            "numpy": numpy.__version__, "fedlight": fedlight.__version__, "git": rev,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+
+
+def peak_rss_mb(who: int = resource.RUSAGE_SELF) -> float:
+    """Peak resident set size so far (Linux reports KiB)."""
+    return resource.getrusage(who).ru_maxrss / 1024
+
+
+def rss_now_mb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ------------------------------------------------------------------------------------------------- the two loops
+class MinimalFedAvg:
+    """The reference: a lean FedAvg round written by hand, doing exactly fedlight's per-step work and no more.
+
+    One model and one ``torch.optim.SGD(lr, weight_decay)`` reused for every client (plain SGD keeps no state);
+    client tensors in memory on the device; per client: ``torch._foreach_copy_`` of the global model into the
+    parameters, one ``randperm`` per epoch from the same generator fedlight uses (so both see the same batches),
+    then per step: ``grad = None``, forward + cross-entropy (under bf16 autocast when asked), ``backward``,
+    ``clip_grad_norm_(max_grad_norm)`` (the same joint-L2 clip as fedlight's), ``opt.step()`` and a device-side
+    loss sum (no host sync); after the client, ``Σ n_i (y_i − x)`` in fp32 with ``_foreach`` ops; after the round,
+    ``x += Σ / Σ n_i``. No evaluation, no logging, no checkpoints, no metrics.
+    """
+
+    def __init__(self, model: nn.Module, clients, w: Workload, device: torch.device, bf16: bool = False) -> None:
+        self.model, self.w, self.device, self.bf16 = model.to(device), w, device, bf16
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.SGD(self.params, lr=w.lr, weight_decay=w.weight_decay)
+        self.x = [p.detach().clone() for p in self.params]
+        self.clients = [(x.to(device), y.to(device)) for x, y in clients]
+
+    def round(self, r: int) -> torch.Tensor:
+        from fedlight.sampling import client_generator
+
+        w, dev = self.w, self.device
+        acc = [torch.zeros_like(p) for p in self.params]
+        total, loss_sum = 0.0, torch.zeros((), device=dev)
+        self.model.train()
+        for cid, (x, y) in enumerate(self.clients):
+            with torch.no_grad():
+                torch._foreach_copy_(self.params, self.x)
+            n, gen = len(y), client_generator(w.seed, r, cid)
+            epochs = -(-w.steps * w.batch // n)
+            order = torch.cat([torch.randperm(n, generator=gen) for _ in range(epochs)]).to(dev)
+            for s in range(w.steps):
+                idx = order[s * w.batch:(s + 1) * w.batch]
+                for p in self.params:
+                    p.grad = None
+                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.bf16):
+                    loss = F.cross_entropy(self.model(x[idx]), y[idx])
+                loss.backward()
+                if w.max_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(self.params, w.max_grad_norm)
+                self.opt.step()
+                loss_sum += loss.detach().float()
+            with torch.no_grad():
+                torch._foreach_add_(acc, torch._foreach_sub(self.params, self.x), alpha=float(n))
+            total += n
+        with torch.no_grad():
+            torch._foreach_add_(self.x, acc, alpha=1.0 / total)
+        return loss_sum / (w.steps * len(self.clients))
+
+
+class VmapFedAvg:
+    """The same round with all clients stacked: ``vmap(grad(loss))`` over per-client parameter copies.
+
+    Per step: per-client gradients, per-client joint clip, ``d = g + wd·p`` (SGD's coupled decay after the clip),
+    ``p -= lr·d``. Exact FedAvg, different floating-point order. Models without buffers only (MLP, LeNet-5).
+    """
+
+    def __init__(self, model: nn.Module, clients, w: Workload, device: torch.device) -> None:
+        from torch.func import functional_call, grad, vmap
+
+        self.model, self.w, self.device = model.to(device), w, device
+        self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        self.x = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+        self.X = torch.stack([x for x, _ in clients]).to(device)
+        self.Y = torch.stack([y for _, y in clients]).to(device)
+
+        def loss_fn(params, xb, yb):
+            return F.cross_entropy(functional_call(self.model, params, (xb,)), yb)
+
+        self.grad = vmap(grad(loss_fn))
+
+    def round(self, r: int) -> None:
+        from fedlight.sampling import client_generator
+
+        w, C, n = self.w, self.X.shape[0], self.X.shape[1]
+        order = torch.stack([torch.randperm(n, generator=client_generator(w.seed, r, c)) for c in range(C)])
+        order = order.to(self.device)
+        X = torch.stack([self.X[c, order[c]] for c in range(C)])  # each client's epoch in its own order
+        Y = torch.stack([self.Y[c, order[c]] for c in range(C)])
+        P = {k: v.unsqueeze(0).repeat(C, *[1] * v.dim()) for k, v in self.x.items()}
+        plist = [P[k] for k in self.names]
+        for s in range(w.steps):
+            sl = slice(s * w.batch, (s + 1) * w.batch)
+            g = self.grad(P, X[:, sl], Y[:, sl])
+            glist = [g[k] for k in self.names]
+            with torch.no_grad():
+                if w.max_grad_norm is not None:
+                    sq = torch.stack([t.flatten(1).square().sum(1) for t in glist]).sum(0)
+                    coef = (w.max_grad_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+                    torch._foreach_mul_(glist, [coef.view(-1, *[1] * (t.dim() - 1)) for t in glist])
+                torch._foreach_add_(glist, plist, alpha=w.weight_decay)
+                torch._foreach_add_(plist, glist, alpha=-w.lr)
+        self.x = {k: v.mean(0) for k, v in P.items()}  # equal client sizes: Σ n_i y_i / Σ n_i = mean
+
+
+def fedlight_loop(model: nn.Module, clients, w: Workload, accelerator: str = "cpu", precision: str = "32-true",
+                  algorithm: str = "fedavg", out_dir: str | None = None, data=None):
+    """A real :class:`FederatedLoop` (FedAvg by default) on ``TensorClients`` holding the same tensors."""
+    import lightning as L
+
+    import fedlight
+    from fedlight.args import LoopConfig
+    from fedlight.data import TensorClients
+    from fedlight.loop import FederatedLoop
+
+    fabric = L.Fabric(accelerator=accelerator, devices=1, precision=precision)
+    if data is None:
+        data = TensorClients(clients, batch_size=w.batch, num_classes=w.num_classes)
+    data.setup(fabric.device, w.seed)
+    cfg = LoopConfig(rounds=10**6, clients_per_round=w.clients, local_steps=w.steps, lr=w.lr,
+                     weight_decay=w.weight_decay, max_grad_norm=w.max_grad_norm, progress=False)
+    out = Path(out_dir or tempfile.mkdtemp(prefix="fedlight-bench-"))
+    return FederatedLoop(fabric, model, data, fedlight.create(algorithm), cfg, w.seed, out)
+
+
+def _timed(fn, device: torch.device) -> tuple[float, float]:
+    _sync(device)
+    t, c = time.perf_counter(), time.process_time()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t, time.process_time() - c
+
+
+def _max_diff(a: list[torch.Tensor] | dict, b: list[torch.Tensor] | dict) -> float:
+    a = list(a.values()) if isinstance(a, dict) else a
+    b = list(b.values()) if isinstance(b, dict) else b
+    return max(float((u.detach().double().cpu() - v.detach().double().cpu()).abs().max()) for u, v in zip(a, b))
+
+
+# ------------------------------------------------------------------------------------------------- sections
+def overhead(w: Workload, reps: int = 5, warmup: int = 2, vectorised: bool = True, accelerator: str = "cpu",
+             precision: str = "32-true") -> dict[str, Any]:
+    """Interleaved rounds: for r in warm-up + reps: a fedlight round, a minimal round (, a vmap round)."""
+    clients = w.data()
+    loop = fedlight_loop(w.model(), clients, w, accelerator, precision)
+    device = loop.device
+    minimal = MinimalFedAvg(w.model(), clients, w, device, bf16=precision == "bf16-mixed")
+    vm = VmapFedAvg(w.model(), clients, w, device) if vectorised else None
+    times: dict[str, list[tuple[float, float]]] = {"fedlight": [], "minimal": [], "vmap": []}
+    for r in range(warmup + reps):
+        t = {"fedlight": _timed(lambda: loop.run_round(r), device),
+             "minimal": _timed(lambda: minimal.round(r), device)}
+        if vm is not None:
+            t["vmap"] = _timed(lambda: vm.round(r), device)
+        if r >= warmup:
+            for k, v in t.items():
+                times[k].append(v)
+    med = {k: statistics.median(x[0] for x in v) for k, v in times.items() if v}
+    cpu = {k: statistics.median(x[1] for x in v) for k, v in times.items() if v}
+    res = {"workload": w.name, "clients": w.clients, "steps": w.steps, "batch": w.batch, "reps": reps,
+           "warmup": warmup, "s_per_round": med, "cpu_s_per_round": cpu,
+           "ratio": med["fedlight"] / med["minimal"], "cpu_ratio": cpu["fedlight"] / cpu["minimal"],
+           "paired_ratios": [f[0] / m[0] for f, m in zip(times["fedlight"], times["minimal"])],
+           "max_abs_diff_fedlight_vs_minimal": _max_diff(loop.x, minimal.x),
+           "peak_rss_mb": peak_rss_mb()}
+    if vm is not None:
+        res["vmap_speedup"] = med["minimal"] / med["vmap"]
+        res["max_abs_diff_vmap_vs_minimal"] = _max_diff([vm.x[k] for k in vm.names], minimal.x)
+    shutil.rmtree(loop.out_dir, ignore_errors=True)
+    return res
+
+
+def _fit_config(path: Path, rounds: int, steps: int, eval_every: int) -> str:
+    import yaml
+
+    if os.environ.get("FEDLIGHT_DATA"):
+        data = {"class_path": "fedlight.data.FashionMNIST",
+                "init_args": {"num_clients": 100, "batch_size": 50,
+                              "partition": {"class_path": "fedlight.data.Dirichlet",
+                                            "init_args": {"alpha": 0.1, "by": "client"}}}}
+        model_in, name = 784, "FashionMNIST, Dir(0.1) by client, 100 clients"
+    else:
+        data = {"class_path": "fedlight.data.Synthetic",
+                "init_args": {"num_clients": 100, "dim": 784, "samples_per_client": 750, "batch_size": 50}}
+        model_in, name = 784, "Synthetic(1, 1), dim 784, 100 clients × 600 train samples"
+    cfg = {"seed": 0, "model": {"class_path": "fedlight.models.MLP",
+                                "init_args": {"in_features": model_in, "hidden": [200, 200], "num_classes": 10}},
+           "data": data, "algorithm": {"class_path": "fedlight.algorithms.FedAvg"},
+           "loop": {"rounds": rounds, "clients_per_round": 10, "local_steps": steps, "lr": 0.05,
+                    "weight_decay": 1e-3, "max_grad_norm": 10.0, "eval_every": eval_every, "progress": False}}
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return name
+
+
+def _run_fit(cfg: Path, out: Path, devices: int) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "fedlight.cli", "fit", "--config", str(cfg), "--devices", str(devices),
+           "--accelerator", "cpu", "--out_dir", str(out), "--overwrite", "true"]
+    t = time.perf_counter()
+    with open(out.parent / f"{out.name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        tail = (out.parent / f"{out.name}.log").read_text()[-2000:]
+        raise RuntimeError(f"`{' '.join(cmd)}` failed ({proc.returncode}):\n{tail}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    summary = json.loads((out / "summary.json").read_text())
+    later = rows[1:] if len(rows) > 1 else rows  # the first round pays one-off start-up costs
+    fit_time = summary["wall_time_s"]
+    return {"devices": devices, "process_wall_s": wall, "fit_wall_s": fit_time,
+            "round_s_median": statistics.median(r["round_time_s"] for r in later),
+            "eval_s_total": sum(r.get("eval_time_s", 0.0) for r in rows),
+            "checkpoint_s_total": sum(r.get("checkpoint_time_s", 0.0) for r in rows),
+            "eval_share": sum(r.get("eval_time_s", 0.0) for r in rows) / fit_time,
+            "rank0_peak_rss_mb": usage.ru_maxrss / 1024, "final_test_acc": summary.get("final_test_acc"),
+            "model": torch.load(out / "final_model.pt", weights_only=True)}
+
+
+def multiprocess(rounds: int = 10, steps: int = 50, reps: int = 1, eval_every: int = 1,
+                 workdir: str | None = None) -> dict[str, Any]:
+    """``fedlight fit --devices 1`` vs ``--devices 2`` (CPU, gloo), interleaved ``reps`` times."""
+    root = Path(workdir or tempfile.mkdtemp(prefix="fedlight-bench-mp-"))
+    root.mkdir(parents=True, exist_ok=True)
+    cfg = root / "bench_mlp.yaml"
+    data_name = _fit_config(cfg, rounds, steps, eval_every)
+    runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
+    for i in range(reps):
+        for n in (1, 2):
+            runs[n].append(_run_fit(cfg, root / f"run_d{n}_{i}", n))
+    one, two = runs[1], runs[2]
+    med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
+    diff = max(_max_diff(a["model"], b["model"]) for a in one for b in two)
+    res = {"data": data_name, "rounds": rounds, "local_steps": steps, "eval_every": eval_every, "reps": reps,
+           "config": cfg.read_text(),
+           "round_s": {1: med(one, "round_s_median"), 2: med(two, "round_s_median")},
+           "fit_wall_s": {1: med(one, "fit_wall_s"), 2: med(two, "fit_wall_s")},
+           "process_wall_s": {1: med(one, "process_wall_s"), 2: med(two, "process_wall_s")},
+           "eval_share": {1: med(one, "eval_share"), 2: med(two, "eval_share")},
+           "eval_s_total": {1: med(one, "eval_s_total"), 2: med(two, "eval_s_total")},
+           "checkpoint_s_total": {1: med(one, "checkpoint_s_total"), 2: med(two, "checkpoint_s_total")},
+           "rank0_peak_rss_mb": {1: max(r["rank0_peak_rss_mb"] for r in one),
+                                 2: max(r["rank0_peak_rss_mb"] for r in two)},
+           "final_test_acc": {1: one[0]["final_test_acc"], 2: two[0]["final_test_acc"]},
+           "max_abs_diff_final_model": diff}
+    res["speedup_round"] = res["round_s"][1] / res["round_s"][2]
+    res["speedup_fit"] = res["fit_wall_s"][1] / res["fit_wall_s"][2]
+    if workdir is None:
+        shutil.rmtree(root, ignore_errors=True)
+    return res
+
+
+def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: int = 5, samples: int = 5,
+                 spill_dir: str | None = None, clients_per_round: int = 10) -> dict[str, Any]:
+    """SCAFFOLD, MLP 784-200-200-10: every client holds a ``c_i`` (0.8 MB); the store keeps ``budget_mb`` in
+    memory and spills the rest. Compares the same rounds against an in-memory store holding only the states the
+    measured rounds touch (same compute, no spill)."""
+    import io
+
+    from fedlight import params as P
+    from fedlight.sampling import sample_clients
+    from fedlight.state import ClientStateStore
+
+    w = Workload("mlp", clients=num_clients, steps=samples, batch=samples)
+    g = torch.Generator().manual_seed(0)
+    clients = [(torch.randn(samples, 1, 28, 28, generator=g), torch.randint(0, 10, (samples,), generator=g))
+               for _ in range(num_clients)]
+    spill = Path(spill_dir or tempfile.mkdtemp(prefix="fedlight-bench-spill-"))
+    from fedlight.data import TensorClients
+
+    data = TensorClients(clients, batch_size=samples, num_classes=10)
+    del clients
+    spilled = fedlight_loop(w.model(), None, w, algorithm="scaffold", data=data)
+    memory = fedlight_loop(w.model(), None, w, algorithm="scaffold", data=data)
+    for lp in (spilled, memory):
+        lp.cfg.clients_per_round = clients_per_round
+    spilled.store = ClientStateStore("cpu", budget_bytes=int(budget_mb * 2**20), spill_dir=spill / "client_state")
+    base = P.zeros_like(spilled.x)
+    per_client = P.nbytes(base)
+    touched = {c for r in range(rounds + 1) for c in sample_clients(num_clients, clients_per_round, w.seed, r)}
+    rss0 = rss_now_mb()
+    t = time.perf_counter()
+    for cid in range(num_clients):  # every client has been trained once before: c_i = cid·1e-6 (any values do)
+        state = {"c_i": {k: torch.full_like(v, cid * 1e-6) for k, v in base.items()}}
+        spilled.store.put(cid, state)
+        if cid in touched:
+            memory.store.put(cid, state)
+    fill_s = time.perf_counter() - t
+    counters = {"get": [0, 0.0], "put": [0, 0.0]}
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            out = fn(*a, **k)
+            counters[name][0] += 1
+            counters[name][1] += time.perf_counter() - t0
+            return out
+        return wrapper
+
+    spilled.store.get, spilled.store.put = timed("get", spilled.store.get), timed("put", spilled.store.put)
+    ts: dict[str, list[float]] = {"spilled": [], "memory": []}
+    for r in range(rounds + 1):  # round 0 is a warm-up
+        for name, lp in (("spilled", spilled), ("memory", memory)):
+            dt = _timed(lambda: lp.run_round(r), lp.device)[0]
+            if r > 0:
+                ts[name].append(dt)
+    diff = _max_diff(spilled.x, memory.x)
+    t = time.perf_counter()
+    sd = spilled.store.state_dict()
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    ckpt_s = time.perf_counter() - t
+    med = {k: statistics.median(v) for k, v in ts.items()}
+    n_get, n_put = counters["get"][0], counters["put"][0]
+    res = {"num_clients": num_clients, "state_mb_per_client": per_client / 2**20,
+           "state_gb_total": per_client * num_clients / 1e9, "budget_mb": budget_mb,
+           "in_memory_mb": spilled.store.mem_bytes / 2**20, "spilled_clients": len(spilled.store._disk),
+           "disk_gb": spilled.store.disk_bytes / 1e9, "fill_s": fill_s,
+           "fill_gb_per_s": per_client * num_clients / 1e9 / fill_s,
+           "round_s": med, "spill_cost_per_round_s": med["spilled"] - med["memory"],
+           "store_get_ms": 1e3 * counters["get"][1] / max(n_get, 1),
+           "store_put_ms": 1e3 * counters["put"][1] / max(n_put, 1),
+           "store_s_per_round": (counters["get"][1] + counters["put"][1]) / (rounds + 1),
+           "max_abs_diff_spilled_vs_memory": diff,
+           "checkpoint_entry_mb": buf.tell() / 2**20, "checkpoint_s": ckpt_s,
+           "rss_before_fill_mb": rss0, "rss_now_mb": rss_now_mb(), "peak_rss_mb": peak_rss_mb()}
+    for lp in (spilled, memory):
+        shutil.rmtree(lp.out_dir, ignore_errors=True)
+    if spill_dir is None:
+        shutil.rmtree(spill, ignore_errors=True)
+    return res
+
+
+def gpu(reps: int = 5, warmup: int = 2, algorithms: tuple[str, ...] = ("fedavg", "fedsam"),
+        clients: int = 10, steps: int = 50, batch: int = 50) -> dict[str, Any]:
+    """ResNet-18-CIFAR (CIFAR-100 shapes), bf16-mixed: s/round, MFU vs an H100's dense bf16 peak, peak memory."""
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA device: the GPU section is not yet measured; run `python tools/bench.py --gpu` "
+                           "on a machine with one"}
+    w = Workload("resnet18", clients=clients, steps=steps, batch=batch)
+    res: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "clients": clients, "steps": steps,
+                           "batch": batch, "precision": "bf16-mixed", "model": "ResNet18(num_classes=100)",
+                           "rows": []}
+    samples = clients * steps * batch
+    for algo in algorithms:
+        torch.cuda.reset_peak_memory_stats()
+        clients_data = w.data()
+        loop = fedlight_loop(w.model(), clients_data, w, "cuda", "bf16-mixed", algo)
+        dev = loop.device
+        ms = MinimalFedAvg(w.model(), clients_data, w, dev, bf16=True) if algo == "fedavg" else None
+        tf, tm = [], []
+        for r in range(warmup + reps):
+            a = _timed(lambda: loop.run_round(r), dev)[0]
+            b = _timed(lambda: ms.round(r), dev)[0] if ms is not None else None
+            if r >= warmup:
+                tf.append(a)
+                if b is not None:
+                    tm.append(b)
+        s = statistics.median(tf)
+        passes = 2 if algo == "fedsam" else 1
+        flops = samples * RESNET18_CIFAR_FLOP * passes
+        row = {"algorithm": algo, "s_per_round": s, "tflops": flops / s / 1e12,
+               "mfu_h100_bf16": flops / s / H100_BF16_PEAK, "peak_gpu_mem_gb": torch.cuda.max_memory_allocated() / 1e9}
+        if tm:
+            row["minimal_s_per_round"] = statistics.median(tm)
+            row["ratio"] = s / row["minimal_s_per_round"]
+        res["rows"].append(row)
+        shutil.rmtree(loop.out_dir, ignore_errors=True)
+        del loop, ms, clients_data
+        torch.cuda.empty_cache()
+    return res
+
+
+# ------------------------------------------------------------------------------------------------- report
+def _fmt_overhead(o: dict[str, Any]) -> list[str]:
+    s, c = o["s_per_round"], o["cpu_s_per_round"]
+    lines = [f"overhead {o['workload']}: fedlight {s['fedlight']:.4f} s/round, minimal {s['minimal']:.4f} s/round, "
+             f"ratio {o['ratio']:.3f} (CPU-time ratio {o['cpu_ratio']:.3f}; paired ratios "
+             f"{', '.join(f'{x:.3f}' for x in o['paired_ratios'])}; max |x_fedlight - x_minimal| "
+             f"{o['max_abs_diff_fedlight_vs_minimal']:.2e})"]
+    if "vmap" in s:
+        lines.append(f"vectorised {o['workload']}: vmap {s['vmap']:.4f} s/round, speedup over minimal "
+                     f"{o['vmap_speedup']:.2f}x (max |x_vmap - x_minimal| {o['max_abs_diff_vmap_vs_minimal']:.2e})")
+    return lines
+
+
+def report(results: dict[str, Any]) -> str:
+    out = [f"command: {results['command']}", "environment: " + json.dumps(results["environment"])]
+    for o in results.get("overhead", []):
+        out += _fmt_overhead(o)
+        out.append(f"  ({o['clients']} clients x {o['steps']} steps x batch {o['batch']}; median of {o['reps']} "
+                   f"rounds after {o['warmup']} warm-up; CPU s/round fedlight {o['cpu_s_per_round']['fedlight']:.4f}"
+                   f" minimal {o['cpu_s_per_round']['minimal']:.4f}; peak RSS so far {o['peak_rss_mb']:.0f} MB)")
+    if "multiprocess" in results:
+        m = results["multiprocess"]
+        out.append(f"multiprocess ({m['data']}, {m['rounds']} rounds, K={m['local_steps']}, eval every "
+                   f"{m['eval_every']}): s/round 1 proc {m['round_s'][1]:.3f}, 2 procs {m['round_s'][2]:.3f}, "
+                   f"speedup {m['speedup_round']:.2f}x (whole fit {m['speedup_fit']:.2f}x: {m['fit_wall_s'][1]:.1f} "
+                   f"s vs {m['fit_wall_s'][2]:.1f} s); max |final model diff| {m['max_abs_diff_final_model']:.2e}")
+        out.append(f"  eval share of fit time: 1 proc {100 * m['eval_share'][1]:.1f}%, 2 procs "
+                   f"{100 * m['eval_share'][2]:.1f}%; checkpoints {m['checkpoint_s_total'][1]:.2f} s / "
+                   f"{m['checkpoint_s_total'][2]:.2f} s; rank-0 peak RSS {m['rank0_peak_rss_mb'][1]:.0f} MB / "
+                   f"{m['rank0_peak_rss_mb'][2]:.0f} MB; final test acc {m['final_test_acc'][1]} / "
+                   f"{m['final_test_acc'][2]}")
+    if "many_clients" in results:
+        c = results["many_clients"]
+        out.append(f"many clients (SCAFFOLD, MLP, {c['num_clients']} clients, {c['state_gb_total']:.2f} GB of c_i, "
+                   f"budget {c['budget_mb']:.0f} MB): peak RSS {c['peak_rss_mb']:.0f} MB (now {c['rss_now_mb']:.0f} "
+                   f"MB, before filling the store {c['rss_before_fill_mb']:.0f} MB); {c['spilled_clients']} "
+                   f"clients spilled ({c['disk_gb']:.2f} GB), {c['in_memory_mb']:.0f} MB in memory")
+        out.append(f"  s/round spilled {c['round_s']['spilled']:.4f}, in memory {c['round_s']['memory']:.4f}, spill "
+                   f"cost {1e3 * c['spill_cost_per_round_s']:+.1f} ms/round (store get {c['store_get_ms']:.2f} ms, "
+                   f"put {c['store_put_ms']:.2f} ms per client); filling {c['fill_s']:.1f} s "
+                   f"({c['fill_gb_per_s']:.2f} GB/s); store checkpoint entry {c['checkpoint_entry_mb']:.2f} MB in "
+                   f"{c['checkpoint_s']:.2f} s; max |x_spilled - x_memory| {c['max_abs_diff_spilled_vs_memory']:.1e}")
+    if "gpu" in results:
+        gres = results["gpu"]
+        if "skipped" in gres:
+            out.append(f"gpu: {gres['skipped']}")
+        for row in gres.get("rows", []):
+            extra = (f", minimal {row['minimal_s_per_round']:.4f} s/round, ratio {row['ratio']:.3f}"
+                     if "ratio" in row else "")
+            out.append(f"gpu {gres['device']} {row['algorithm']} ResNet-18-CIFAR-100 bf16: {row['s_per_round']:.4f} "
+                       f"s/round, {row['tflops']:.1f} TFLOP/s = {100 * row['mfu_h100_bf16']:.1f}% of H100 bf16 "
+                       f"peak{extra}; peak GPU memory {row['peak_gpu_mem_gb']:.2f} GB")
+    out.append(f"peak RSS of the bench process: {peak_rss_mb():.0f} MB")
+    return "\n".join(out)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tools/bench.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--overhead", action="store_true", help="fedlight vs the minimal loop (default section)")
+    p.add_argument("--multiprocess", action="store_true", help="fedlight fit --devices 1 vs 2 on CPU")
+    p.add_argument("--many-clients", action="store_true", help="SCAFFOLD with 10,000 clients, spilled state")
+    p.add_argument("--gpu", action="store_true", help="ResNet-18-CIFAR-100 bf16 (needs CUDA)")
+    p.add_argument("--all", action="store_true", help="every section (the GPU one when CUDA is available)")
+    p.add_argument("--workloads", default="mlp,lenet5", help="overhead workloads: mlp, lenet5 (comma-separated)")
+    p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--batch", type=int, default=50)
+    p.add_argument("--reps", type=int, default=5, help="timed rounds per implementation (after warm-up)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--no-vmap", dest="vmap", action="store_false", help="skip the vectorised round")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--mp-rounds", type=int, default=10)
+    p.add_argument("--mp-steps", type=int, default=50)
+    p.add_argument("--mp-reps", type=int, default=1)
+    p.add_argument("--mp-eval-every", type=int, default=1)
+    p.add_argument("--num-clients", type=int, default=10_000, help="--many-clients: clients with state")
+    p.add_argument("--budget-mb", type=float, default=512.0, help="--many-clients: in-memory state budget")
+    p.add_argument("--mc-rounds", type=int, default=5)
+    p.add_argument("--spill-dir", default=None, help="--many-clients: where to spill (default: a temp folder)")
+    p.add_argument("--tiny", action="store_true", help="2 clients x 3 steps x batch 8, 1 rep: a smoke test")
+    p.add_argument("--json", default=None, help="also write the raw results here")
+    p.add_argument("--out", default=None, help="also write the text report here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = parser().parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.tiny:
+        a.clients, a.steps, a.batch, a.reps, a.warmup = 2, 3, 8, 1, 0
+        a.mp_rounds, a.mp_steps, a.num_clients, a.budget_mb, a.mc_rounds = 2, 3, 40, 1.0, 1
+    run_all = a.all
+    sections = {k: run_all or getattr(a, k) for k in ("overhead", "multiprocess", "many_clients", "gpu")}
+    if not any(sections.values()):
+        sections["overhead"] = True
+    results: dict[str, Any] = {"command": " ".join(["python tools/bench.py", *argv]), "environment": environment()}
+    if sections["overhead"]:
+        results["overhead"] = []
+        for name in a.workloads.split(","):
+            w = Workload(name.strip(), clients=a.clients, steps=a.steps, batch=a.batch)
+            results["overhead"].append(overhead(w, a.reps, a.warmup, a.vmap))
+            print("\n".join(_fmt_overhead(results["overhead"][-1])), flush=True)
+    if sections["multiprocess"]:
+        results["multiprocess"] = multiprocess(a.mp_rounds, a.mp_steps, a.mp_reps, a.mp_eval_every)
+    if sections["many_clients"]:
+        results["many_clients"] = many_clients(a.num_clients, a.budget_mb, a.mc_rounds, spill_dir=a.spill_dir)
+    if sections["gpu"] or (run_all and torch.cuda.is_available()):
+        results["gpu"] = gpu(a.reps, a.warmup) if not a.tiny else gpu(1, 0, ("fedavg",), 2, 3, 8)
+    results["environment"]["load_average_1m_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    text = report(results)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text + "\n")
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return 0

@@ -1,0 +1,202 @@
+"""``fedlight reproduce`` and ``fedlight report``: metrics from run records, the table, skipping/resuming, plots.
+
+The end-to-end test shrinks a two-cell table over ``recipes/quickstart.yaml`` (Synthetic data, no files) to two
+rounds and checks that every number in ``table.csv`` is the one in the runs' ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedlight import report, reproduce
+from fedlight.cli import main
+from fedlight.errors import ConfigError
+from fedlight.records import rounds_to_target
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fake_run(path: Path, accs: list, losses: list | None = None, rounds: int | None = None, **summary) -> Path:
+    """A hand-made finished run: metrics.jsonl (test_acc None = not evaluated that round), config.yaml, summary.json."""
+    path.mkdir(parents=True)
+    losses = losses or [2.0 / (r + 1) for r in range(len(accs))]
+    rows = [{"round": r + 1, "train_loss": loss, "round_time_s": 0.5} | ({} if a is None else {"test_acc": a})
+            for r, (a, loss) in enumerate(zip(accs, losses))]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"round": 9, "tor')
+    (path / "config.yaml").write_text(yaml.safe_dump({"algorithm": {"class_path": "fedlight.algorithms.FedSAM"},
+                                                      "loop": {"rounds": rounds or len(accs)}}))
+    evals = [a for a in accs if a is not None]
+    (path / "summary.json").write_text(json.dumps({
+        "final_test_acc": evals[-1], "best_test_acc": max(evals), "best_round": 1 + accs.index(max(evals)),
+        "rounds_completed": len(accs), "final_train_loss": losses[-1], "seconds_per_round": 0.5,
+        "versions": {"git_revision": "abc", "cuda_device": None}} | summary))
+    return path
+
+
+def test_rounds_to_target_on_a_hand_made_curve(tmp_path):
+    # round:     1     2     3     4     5     6      (round 2 was not evaluated; round 4 dips back below 0.5)
+    accs = [0.10, None, 0.50, 0.45, 0.72, 0.80]
+    run = fake_run(tmp_path / "run", accs)
+    curve = report.read_curve(run)  # the torn last line of an interrupted write is skipped
+    assert [r["round"] for r in curve] == [1, 2, 3, 4, 5, 6]
+    assert rounds_to_target(curve, 0.5) == 3  # reached exactly at round 3 (>=), the later dip does not matter
+    assert reproduce.rep.metric_value(run, "rounds_to_target:0.5") == 3
+    assert reproduce.rep.metric_value(run, "rounds_to_target:0.7") == 5
+    assert reproduce.rep.metric_value(run, "rounds_to_target:70") == 5  # a target in percent means the same
+    assert reproduce.rep.metric_value(run, "rounds_to_target:0.1") == 1
+    assert reproduce.rep.metric_value(run, "rounds_to_target:0.81") is None  # never reached
+    assert reproduce.rep.metric_value(run, "final_test_acc") == pytest.approx(80.0)  # accuracies in %
+    assert reproduce.rep.metric_value(run, "best_test_acc") == pytest.approx(80.0)
+    assert reproduce.rep.metric_value(run, "seconds_per_round") == 0.5
+    assert reproduce.rep.metric_value(run, "final_train_loss") == pytest.approx(2.0 / 6)
+    with pytest.raises(ConfigError, match="unknown metric"):
+        reproduce.rep.metric_value(run, "final_acc")
+
+
+def test_stats_and_paper_numbers():
+    s = report.stats("final_test_acc", [80.0, 82.0, 84.0])
+    assert (s["mean"], s["n"]) == (82.0, 3) and math.isclose(s["std"], 2.0) and s["text"] == "82.00 ± 2.00"
+    s = report.stats("rounds_to_target:0.7", [100, None, 120])
+    assert s["mean"] == 110 and s["text"] == "110 ± 14 (2/3 reached)"
+    assert report.stats("rounds_to_target:0.7", [None, None])["text"] == "not reached"
+    assert report.stats("final_test_acc", [81.5, "missing"])["text"] == "81.50 [1/2 seeds]"
+    assert report.stats("final_test_acc", ["missing"])["text"] == "not run"
+    assert reproduce.number("66.04 ± 0.11") == 66.04 and reproduce.number(84.64) == 84.64
+    assert reproduce.number("83.75 (best of 3)") == 83.75 and reproduce.number("not reached") is None
+
+
+def test_overrides_become_fit_flags_and_shrink_skips_what_the_data_lacks():
+    assert reproduce.flags({"loop.rounds": 2, "algorithm": {"class_path": "X", "init_args": {"rho": 0.1}},
+                            "loop.local_epochs": None, "loop.progress": False, "model": "fedlight.models.MLP"}) == [
+        "--loop.rounds", "2", "--algorithm", '{"class_path": "X", "init_args": {"rho": 0.1}}',
+        "--loop.local_epochs", "null", "--loop.progress", "false", "--model", "fedlight.models.MLP"]
+    spec = {"base": "recipes/quickstart.yaml"}
+    syn = reproduce.Cell("a", "b", "final_test_acc", {}, "a")
+    assert reproduce.shrink_overrides("rounds=2,subset=512,test_subset=256,loop.local_steps=3", spec, syn) == {
+        "loop.rounds": 2, "data.init_args.test_subset": 256, "loop.local_steps": 3}  # Synthetic has no `subset`
+    fm = reproduce.Cell("a", "b", "final_test_acc", {"data": {"class_path": "fedlight.data.FashionMNIST"}}, "a")
+    assert reproduce.shrink_overrides("rounds=2,subset=512", spec, fm) == {"loop.rounds": 2,
+                                                                           "data.init_args.subset": 512}
+    with pytest.raises(ConfigError, match="key=value"):
+        reproduce.shrink_overrides("rounds", spec, syn)
+
+
+def write_spec(path: Path, mu: float = 0.01) -> Path:
+    path.write_text(yaml.safe_dump({
+        "title": "Quickstart two-cell table",
+        "base": "recipes/quickstart.yaml",
+        "metric": "final_test_acc",
+        "also": ["rounds_to_target:0.2", "seconds_per_round"],
+        "rows": {"fedavg": {"algorithm": {"class_path": "fedlight.algorithms.FedAvg"}},
+                 "fedprox": {"algorithm": {"class_path": "fedlight.algorithms.FedProx", "init_args": {"mu": mu}}}},
+        "columns": {"synthetic": {}},
+        "paper": {"fedavg": {"synthetic": 50.0}, "fedprox": {"synthetic": "51.2 ± 0.3"}},
+        "notes": "Synthetic(1, 1) instead of the paper's data.",
+    }, sort_keys=False))
+    return path
+
+
+def test_spec_errors_are_one_line(tmp_path):
+    spec = yaml.safe_load(write_spec(tmp_path / "s.yaml").read_text())
+    for change, msg in [({"rows": {}}, "rows"), ({"metric": "accuracy"}, "unknown metric"),
+                        ({"paper": {"fedavg": {"cifar": 1.0}}}, "not in the grid"), ({"colums": {}}, "unknown keys")]:
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump(spec | change))
+        with pytest.raises(ConfigError, match=msg):
+            reproduce.load_spec(tmp_path / "bad.yaml")
+    with pytest.raises(ConfigError, match="not found"):
+        reproduce.find_spec("no_such_table")
+    assert reproduce.find_spec("fedwmsam_table1") == ROOT / "recipes" / "tables" / "fedwmsam_table1.yaml"
+
+
+def test_shrunk_reproduce_table_matches_the_runs(tmp_path, capsys):
+    spec, out = write_spec(tmp_path / "quick.yaml"), tmp_path / "out"
+    args = [str(spec), "--shrink", "rounds=2,subset=512,test_subset=128,loop.local_steps=2", "--out", str(out)]
+    assert main(["reproduce", *args, "--jobs", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "fedavg seed0: done" in printed and "fedprox seed0: done" in printed
+    runs = {c: out / c / "seed0" for c in ("fedavg", "fedprox")}
+    summaries = {c: json.loads((r / "summary.json").read_text()) for c, r in runs.items()}
+    assert all(s["rounds_completed"] == 2 for s in summaries.values())
+    data = yaml.safe_load((runs["fedavg"] / "config.yaml").read_text())["data"]["init_args"]
+    assert data["test_subset"] == 128 and "subset" not in data  # Synthetic takes no `subset`: skipped
+    rows = {(r["cell"], r["metric"]): r for r in csv.DictReader((out / "table.csv").open())}
+    assert len(rows) == 6
+    for cell, paper in (("fedavg", 50.0), ("fedprox", 51.2)):
+        r = rows[(f"{cell}/synthetic", "final_test_acc")]
+        measured = 100 * summaries[cell]["final_test_acc"]
+        assert float(r["mean"]) == pytest.approx(measured, abs=1e-9) and r["n"] == "1" and r["std"] == ""
+        assert float(r["difference"]) == pytest.approx(measured - paper, abs=1e-9)
+        assert r["run_dir"] == str(out / cell)
+        sec = rows[(f"{cell}/synthetic", "seconds_per_round")]
+        assert float(sec["mean"]) == pytest.approx(summaries[cell]["seconds_per_round"])
+        reach = rows[(f"{cell}/synthetic", "rounds_to_target:0.2")]
+        curve = report.read_curve(runs[cell])
+        assert json.loads(reach["values"]) == [rounds_to_target(curve, 0.2)]
+    md = (out / "table.md").read_text()
+    for needle in ("Quickstart two-cell table", "Hardware: CPU", "fedlight revision:", "rounds: 2",
+                   "Command: `fedlight reproduce", "--jobs 2", "Synthetic(1, 1) instead", "(51.2 ± 0.3)",
+                   f"{100 * summaries['fedavg']['final_test_acc']:.2f}"):
+        assert needle in md, needle
+    assert (out / "curves.png").stat().st_size > 10_000
+
+    # Again: finished runs are skipped without starting a process; an interrupted one resumes from its checkpoint.
+    (runs["fedprox"] / "summary.json").unlink()
+    assert main(["reproduce", *args]) == 0
+    printed = capsys.readouterr().out
+    assert "fedavg seed0: skipped" in printed and "fedprox seed0: done" in printed
+    assert json.loads((runs["fedprox"] / "summary.json").read_text())["final_test_acc"] == \
+        summaries["fedprox"]["final_test_acc"]
+    assert len(report.read_curve(runs["fedprox"])) == 2  # no round was trained twice
+
+    # A changed spec must not reuse (or silently mix with) runs made by another command.
+    write_spec(spec, mu=0.5)
+    assert main(["reproduce", *args, "--cells", "fedprox/*"]) == 1
+    assert "was made by another command" in capsys.readouterr().out
+
+    # fedlight report over the table's runs: comparison table and a non-blank plot.
+    assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
+    table = (tmp_path / "rep" / "report.md").read_text()
+    assert "fedavg/seed0" in table and "fedprox/seed0" in table
+    check_png(tmp_path / "rep" / "curves.png")
+
+
+def test_dry_run_prints_resumable_commands(tmp_path, capsys):
+    spec = write_spec(tmp_path / "quick.yaml")
+    assert main(["reproduce", str(spec), "--seeds", "2", "--cells", "fedprox/*", "--dry-run",
+                 "--out", str(tmp_path / "o")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and all(ln.startswith("fedlight fit --config ") for ln in lines)
+    assert "--seed 1" in lines[1] and "--resume auto" in lines[1] and "FedProx" in lines[1]
+    assert f"{tmp_path / 'o' / 'fedprox' / 'seed1'}" in lines[1]
+    assert not (tmp_path / "o").exists()
+
+
+def check_png(path: Path) -> None:
+    import matplotlib.image
+
+    img = matplotlib.image.imread(path)
+    assert img.shape[0] >= 300 and img.shape[1] >= 600, img.shape
+    rgb = img[..., :3].reshape(-1, 3)
+    assert rgb.std() > 0.05  # not a blank canvas
+    colored = (rgb.max(axis=1) - rgb.min(axis=1)) > 0.3  # plotted lines are coloured; axes and text are grey
+    assert colored.sum() > 200
+
+
+def test_report_writes_table_csv_and_plot(tmp_path, capsys):
+    a = fake_run(tmp_path / "runs" / "fedsam", [0.2, 0.4, 0.5, 0.6], [2.0, 1.5, 1.2, 1.0])
+    b = fake_run(tmp_path / "runs" / "fedavg", [0.1, 0.3, None, 0.45], [2.2, 1.9, 1.7, 1.6])
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "rep"), "--title", "two runs"]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "| fedsam | FedSAM | 4 | 60.00 | 60.00 (4) | 1.0000 | 0.500 |" in md
+    assert "| fedavg | FedSAM | 4 | 45.00 |" in md
+    rows = list(csv.DictReader((tmp_path / "rep" / "report.csv").open()))
+    assert [r["run"] for r in rows] == ["fedsam", "fedavg"] and float(rows[0]["final_test_acc"]) == 0.6
+    check_png(tmp_path / "rep" / "curves.png")
+    assert "wrote" in capsys.readouterr().out
+    assert main(["report", str(tmp_path / "nothing"), "--out", str(tmp_path / "rep2")]) == 2
