@@ -50,6 +50,9 @@ class Perturbation:
     """
 
     uses_backprop: bool = False
+    needs_true_grad_norm: bool = True
+    """Whether ``e`` depends on a gradient norm (then fp16 loss scaling would corrupt it and ``16-mixed`` is
+    refused). Perturbations built from parameter differences (LESAM, NSAM, WMSAM) set it False."""
 
     def start(self, model: nn.Module, ctx: LocalContext) -> None:
         """Per-client set-up at the start of the round."""
@@ -86,7 +89,7 @@ class ComposedClient(LocalUpdateRule):
         self.perturbation = perturbation
         self.corrections = list(corrections)
         self.grad_scale = grad_scale
-        self.needs_true_grad_norm = perturbation is not None
+        self.needs_true_grad_norm = perturbation is not None and perturbation.needs_true_grad_norm
 
     def start(self, model: nn.Module, ctx: LocalContext) -> None:
         super().start(model, ctx)

@@ -71,6 +71,8 @@ class GlobalMoveServer(ServerWrapper):
 class LESAMPerturbation(Perturbation):
     """``e = −ρ·Δ_G/‖Δ_G‖`` from the broadcast global move, computed once per round; no extra backprop."""
 
+    needs_true_grad_norm = False  # a norm of a parameter difference, not of a gradient
+
     uses_backprop = False
 
     def __init__(self, rho: float, key: str = "global_move") -> None:

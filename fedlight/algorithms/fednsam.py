@@ -78,6 +78,8 @@ class NesterovPerturbation(Perturbation):
         extrapolate: add ``λm`` (``False``: "FedNSAM − Nesterov", ``e = δ``).
     """
 
+    needs_true_grad_norm = False  # a norm of a parameter difference, not of a gradient
+
     uses_backprop = False
 
     def __init__(self, lam: float, rho: float, extrapolate: bool = True) -> None:
@@ -122,9 +124,7 @@ def _check_common(lam: float, rho: float) -> None:
 
 
 def _nsam_client(lam: float, rho: float, extrapolate: bool, corrections=()) -> ComposedClient:
-    client = ComposedClient(NesterovPerturbation(lam, rho, extrapolate), corrections)
-    client.needs_true_grad_norm = False  # ‖m‖ is not a gradient norm: loss scaling cannot corrupt it
-    return client
+    return ComposedClient(NesterovPerturbation(lam, rho, extrapolate), corrections)
 
 
 @register("fednsam", paper="Liu et al., ACM MM 2025", backprops=1, comm=(2, 1))

@@ -73,6 +73,8 @@ class WMSAMPerturbation(Perturbation):
         form: ``"deviation"`` (the specification), ``"released"`` or ``"poster"`` (see the module docstring).
     """
 
+    needs_true_grad_norm = False  # a norm of a parameter difference, not of a gradient
+
     uses_backprop = False
 
     def __init__(self, rho: float, form: str = "deviation") -> None:
