@@ -106,6 +106,10 @@ def cmd_fit(argv: list[str]) -> int:
 
     kwargs, text = _parse("fedlight fit", argv)
     summary = api.fit(**kwargs, _config_text=text)
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    if getattr(rank_zero_only, "rank", 0) != 0:
+        return 0
     _print_summary(summary)
     if summary.get("diverged_at_round") is not None:
         print(f"fedlight fit: diverged at round {summary['diverged_at_round']}", file=sys.stderr)

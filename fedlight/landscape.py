@@ -334,15 +334,17 @@ def load_weights(model: nn.Module, path: Path) -> int | None:
         rnd = int(obj.get("round", 0))
         obj = {**obj["params"], **obj.get("buffers", {}), **obj.get("int_buffers", {})}
     check(isinstance(obj, dict), f"{path} holds no state_dict")
+    hint = ("; a config.yaml without the model's init_args (a run started with fedlight.fit() from Python) cannot "
+            "rebuild the model")
     try:
         res = model.load_state_dict(obj, strict=False)
     except RuntimeError as e:
-        raise ConfigError(f"{path} does not fit the model rebuilt from config.yaml ({str(e).splitlines()[-1].strip()})"
-                          ) from None
+        raise ConfigError(f"{path} does not fit the model rebuilt from config.yaml "
+                          f"({str(e).splitlines()[-1].strip()}){hint}") from None
     missing = [k for k in res.missing_keys if k in P.trainable(model)]
     check(not res.unexpected_keys and not missing,
           f"{path} does not fit the model rebuilt from config.yaml (unexpected keys {res.unexpected_keys[:3]}, "
-          f"missing {missing[:3]}); was the run started from Python without a resolved recipe?")
+          f"missing {missing[:3]}){hint}")
     return rnd
 
 
