@@ -6,7 +6,7 @@ One implementation, :class:`ResNet`, takes the block type and the number of bloc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Literal
 
 import torch.nn.functional as F
@@ -81,25 +81,26 @@ class ResNet(nn.Module):
 
     Four stages of widths 64/128/256/512 (strides 1/2/2/2), global average pooling, and
     ``Linear(512 * block.expansion, num_classes)``. Shortcuts that change shape are 1×1 conv + norm.
+    Subclasses choose the depth through the class attributes ``block`` and ``num_blocks``.
 
     Args:
-        block: :class:`BasicBlock` or :class:`Bottleneck`.
-        num_blocks: Blocks in each of the four stages.
         num_classes: Number of output logits.
         norm: "group" (GroupNorm with ``group_norm_groups`` groups; no buffers) or "batch" (BatchNorm2d).
         group_norm_groups: Groups of every GroupNorm; must divide 64. Ignored for norm="batch".
         in_channels: Image channels.
     """
 
+    block: type[BasicBlock] | type[Bottleneck] = BasicBlock
+    num_blocks: tuple[int, int, int, int] = (2, 2, 2, 2)
+
     def __init__(
         self,
-        block: type[BasicBlock] | type[Bottleneck],
-        num_blocks: Sequence[int],
         num_classes: int = 10,
         norm: Literal["batch", "group"] = "group",
         group_norm_groups: int = 2,
         in_channels: int = 3,
     ) -> None:
+        block, num_blocks = self.block, self.num_blocks
         super().__init__()
         for name, value in (("num_classes", num_classes), ("in_channels", in_channels)):
             check(isinstance(value, int) and value >= 1, f"`model.{name}` must be a positive integer, got {value!r}")
@@ -138,14 +139,7 @@ class ResNet18(ResNet):
         in_channels: Image channels.
     """
 
-    def __init__(
-        self,
-        num_classes: int = 10,
-        norm: Literal["batch", "group"] = "group",
-        group_norm_groups: int = 2,
-        in_channels: int = 3,
-    ) -> None:
-        super().__init__(BasicBlock, (2, 2, 2, 2), num_classes, norm, group_norm_groups, in_channels)
+    block, num_blocks = BasicBlock, (2, 2, 2, 2)
 
 
 class ResNet34(ResNet):
@@ -158,14 +152,7 @@ class ResNet34(ResNet):
         in_channels: Image channels.
     """
 
-    def __init__(
-        self,
-        num_classes: int = 10,
-        norm: Literal["batch", "group"] = "group",
-        group_norm_groups: int = 2,
-        in_channels: int = 3,
-    ) -> None:
-        super().__init__(BasicBlock, (3, 4, 6, 3), num_classes, norm, group_norm_groups, in_channels)
+    block, num_blocks = BasicBlock, (3, 4, 6, 3)
 
 
 class ResNet50(ResNet):
@@ -178,11 +165,4 @@ class ResNet50(ResNet):
         in_channels: Image channels.
     """
 
-    def __init__(
-        self,
-        num_classes: int = 10,
-        norm: Literal["batch", "group"] = "group",
-        group_norm_groups: int = 2,
-        in_channels: int = 3,
-    ) -> None:
-        super().__init__(Bottleneck, (3, 4, 6, 3), num_classes, norm, group_norm_groups, in_channels)
+    block, num_blocks = Bottleneck, (3, 4, 6, 3)
