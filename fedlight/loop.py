@@ -72,7 +72,9 @@ class FederatedLoop:
         self.local, self.server = algorithm.local, algorithm.server
         self.live = P.trainable(self.model)
         self.live_buffers = P.float_buffers(self.model)
-        self.int_buffers = {n: b for n, b in self.model.named_buffers() if not b.is_floating_point()}
+        # BatchNorm step counters: never averaged; advanced by one client's K per round. Other integer buffers
+        # (e.g. Swin's relative_position_index) are constants and are left alone.
+        self.int_buffers = {n: b for n, b in self.model.named_buffers() if n.endswith("num_batches_tracked")}
         if fabric.world_size > 1:  # every rank starts from rank 0's initial model
             with torch.no_grad():
                 for t in [*self.live.values(), *self.live_buffers.values()]:

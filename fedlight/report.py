@@ -16,6 +16,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,9 @@ def stats(metric: str, vals: list) -> dict[str, Any]:
     got = [float(v) for v in done if v is not None]
     mean = statistics.fmean(got) if got else None
     std = statistics.stdev(got) if len(got) > 1 else None
-    digits = {"seconds_per_round": 3, "final_train_loss": 4}.get(metric, 0 if metric.startswith("rounds") else 2)
+    digits = {"seconds_per_round": 3, "final_train_loss": 4}.get(metric, 2)
+    if metric.startswith("rounds"):
+        digits = 0 if mean is None or mean == int(mean) else 1
     text = "not run" if not done else "not reached" if not got else \
         f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
     if got and len(got) < len(done):
@@ -148,9 +151,11 @@ def plot_curves(groups: dict[str, list[Path]], path: Path, title: str = "") -> P
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
     for label, runs in groups.items():
+        label = label if len(runs) == 1 else f"{label} (mean of {len(runs)})"
         r, acc = mean_curve(runs, "test_acc")
         if r:
             ax_acc.plot(r, [100 * a for a in acc], label=label, lw=1.4, marker="o" if len(r) < 12 else None, ms=3)
@@ -159,6 +164,7 @@ def plot_curves(groups: dict[str, list[Path]], path: Path, title: str = "") -> P
             ax_loss.plot(r, loss, label=label, lw=1.4, marker="o" if len(r) < 12 else None, ms=3)
     for ax, name in ((ax_acc, "test accuracy (%)"), (ax_loss, "train loss")):
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
     ax_loss.legend(fontsize=7, loc="best", ncol=1 + len(groups) // 12)
@@ -227,7 +233,8 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
 
 
 def cmd_report(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="fedlight report", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="fedlight report", description="Finished runs -> comparison table (report.md, "
+                                "report.csv) and curves.png (test accuracy and train loss against rounds).")
     p.add_argument("runs", nargs="+", help="run directories (or folders searched for them)")
     p.add_argument("--out", default="runs/report", help="where report.md, report.csv and curves.png go")
     p.add_argument("--title", default="", help="plot title")
@@ -244,3 +251,75 @@ def cmd_report(argv: list[str]) -> int:
     print(md)
     print(f"wrote {out / 'report.md'}, {out / 'report.csv'}, {out / 'curves.png'}")
     return 0
+
+
+# -------------------------------------------------------------------------------------- reproduce's table
+def paper_value(spec: dict, cell) -> Any:
+    return ((spec.get("paper") or {}).get(cell.row) or {}).get(cell.col)
+
+
+def number(v: Any) -> float | None:
+    """The leading number of a paper value (``66.04 ± 0.11`` → 66.04); None for text like ``not reached``."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    m = re.match(r"\s*(-?\d+(?:\.\d+)?)", str(v)) if v is not None else None
+    return float(m.group(1)) if m else None
+
+
+def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Path]], seeds: list[int], out: Path,
+                command: str, shrink: str | None, jobs: int) -> str:
+    """``fedlight reproduce``'s output: ``table.md``, ``table.csv`` and ``curves*.png`` (one figure per column that
+    has its own runs, one line per row). ``cs``: the table's cells (``reproduce.Cell`` with their values filled);
+    ``done``: (cell, run folder) of every finished run."""
+    from fedlight.records import atomic_write_text, git_revision
+
+    runs = [path for _, path in done]
+    revs = sorted({str(((read_summary(r) or {}).get("versions") or {}).get("git_revision")) for r in runs})
+    rounds = sorted({(read_summary(r) or {}).get("rounds_completed") for r in runs} - {None})
+    lines = [f"# {spec['title']}", "",
+             f"- Spec: `{spec_path}` · base recipe `{spec['base']}`",
+             f"- Metric: {metric_label(spec['metric'])}" + "".join(f"; also {metric_label(m)}"
+                                                                    for m in spec.get("also", [])),
+             f"- Seeds: {', '.join(map(str, seeds))} (mean ± sample std over seeds) · rounds: "
+             f"{', '.join(map(str, rounds)) or '-'} · shrink: {shrink or 'none (full scale)'} · jobs: {jobs}",
+             f"- Hardware: {hardware(runs)}",
+             f"- fedlight revision: {git_revision()} (runs made at: {', '.join(revs) or '-'})",
+             f"- Command: `{command}`", f"- Run directories under `{out}`", "",
+             "## How this differs from the paper", "", str(spec.get("notes", "")).strip() or "-", ""]
+    cols = list(dict.fromkeys(c.col for c in cs))
+    lines += ["## Measured / paper", "", f"| | {' | '.join(cols)} |", f"|---|{'---:|' * len(cols)}"]
+    grid = {(c.row, c.col): c for c in cs}
+    for row in dict.fromkeys(c.row for c in cs):
+        items = []
+        for col in cols:
+            c = grid.get((row, col))
+            p = paper_value(spec, c) if c else None
+            items.append("" if c is None else stats(c.metric, c.values[c.metric])["text"] +
+                         (f" / {p}" if p is not None else "") + (f" [{c.diverged} diverged]" if c.diverged else ""))
+        lines.append(f"| {row} | {' | '.join(items)} |")
+    lines += ["", "## Cells", "", "| cell | metric | paper | measured | measured − paper | run directory |",
+              "|---|---|---:|---:|---:|---|"]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["cell", "row", "column", "metric", "paper", "mean", "std", "n", "difference", "values", "run_dir"])
+    for c in cs:
+        for m in [c.metric, *spec.get("also", [])]:
+            s, p = stats(m, c.values[m]), paper_value(spec, c) if m == c.metric else None
+            diff = s["mean"] - number(p) if s["mean"] is not None and number(p) is not None and \
+                s["n"] == len(c.values[m]) else None
+            run_dir = out / c.run_key
+            d = "-" if diff is None else format(diff, f"+.{s['digits']}f")
+            lines.append(f"| {c.name} | {m} | {'-' if p is None else p} | {s['text']} | {d} | `{run_dir}` |")
+            w.writerow([c.name, c.row, c.col, m, "" if p is None else p, "" if s["mean"] is None else repr(s["mean"]),
+                        "" if s["std"] is None else repr(s["std"]), s["n"], "" if diff is None else repr(diff),
+                        json.dumps(c.values[m]), str(run_dir)])
+    atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
+    atomic_write_text(out / "table.csv", buf.getvalue())
+    figures: dict[str, dict[str, list[Path]]] = {}
+    for cell, path in done:
+        figures.setdefault(cell.run_key.split("/")[1], {}).setdefault(cell.row, []).append(path)
+    if len(figures) == 1:
+        figures = {"": next(iter(figures.values()))}
+    for fig, groups in figures.items():
+        plot_curves(groups, out / f"curves{'_' + fig if fig else ''}.png", f"{spec['title']} {fig}".strip())
+    return "\n".join(lines)

@@ -14,10 +14,11 @@ A *table spec* (``recipes/tables/*.yaml``) names a base recipe, a grid of overri
     notes: how this setup differs from the paper's
 
 Overrides are ``fedlight fit`` flags without the dashes (``loop.rounds: 2`` → ``--loop.rounds 2``). A column
-may also carry ``metric:``; columns without overrides share their row's runs (e.g. rounds to 70 % and 72 %).
+may also carry ``metric:``; columns without overrides share one set of runs (e.g. rounds to 70 % and to 72 %).
 Cell ``row/col`` runs, for seed k, as the subprocess ``python -m fedlight.cli fit --config BASE <overrides>
---seed k --out_dir OUT/<row>[/<col>]/seed<k> --resume auto``: ``--jobs`` is process parallelism, finished runs
-are skipped and interrupted ones resume. Accuracies are in %, like the papers' tables.
+--seed k --out_dir OUT/<row>/<col>/seed<k> --resume auto``: ``--jobs`` is process parallelism, finished runs
+are skipped, interrupted ones resume, and ``reproduce.json`` keeps another command from reusing a run folder.
+Accuracies are in %, like the papers' tables.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Cell:
     col: str
     metric: str
     overrides: dict[str, Any]
-    run_key: str  # runs live in OUT/<run_key>/seed<k>; columns without overrides share the row's runs
+    run_key: str  # runs live in OUT/<run_key>/seed<k>, run_key = <row>/<column>
     values: dict[str, list] = field(default_factory=dict)  # metric -> per-seed value (None: not reached)
     diverged: int = 0  # seeds whose run stopped on a non-finite model (their values are the last good round's)
 
@@ -101,14 +102,17 @@ def base_path(spec: dict[str, Any]) -> Path:
 
 
 def cells(spec: dict[str, Any]) -> list[Cell]:
+    """The grid, column by column. Runs live in OUT/<row>/<column>/seed<k>; columns without overrides of their
+    own (e.g. rounds to 70 % and to 72 %) share the runs of the first such column."""
+    cols = {c: dict(v or {}) for c, v in spec["columns"].items()}
+    shared = next((c for c, v in cols.items() if not set(v) - {"metric"}), None)
     out = []
-    for col, cov in spec["columns"].items():
-        cov = dict(cov or {})
+    for col, cov in cols.items():
         metric = cov.pop("metric", spec["metric"])
         for row, rov in spec["rows"].items():
             extra = (spec.get("cell_overrides") or {}).get(f"{row}/{col}") or {}
             ov = {**(spec.get("overrides") or {}), **cov, **(rov or {}), **extra}
-            out.append(Cell(row, col, metric, ov, f"{row}/{col}" if cov or extra else row))
+            out.append(Cell(row, col, metric, ov, f"{row}/{col if cov or extra else shared}"))
     return out
 
 
@@ -218,10 +222,6 @@ def run_all(runs: list[Run], jobs: int) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------------------------------------ the table
-def paper_value(spec, cell: Cell) -> Any:
-    return ((spec.get("paper") or {}).get(cell.row) or {}).get(cell.col)
-
-
 def collect(spec, runs: list[Run]) -> None:
     """Fill each cell's per-seed values ("missing" where the seed's run is not finished)."""
     for r in runs:
@@ -231,75 +231,6 @@ def collect(spec, runs: list[Run]) -> None:
             r.cell.values.setdefault(m, []).append(rep.metric_value(r.path, m) if ok else "missing")
 
 
-def number(v: Any) -> float | None:
-    """The leading number of a paper value (``66.04 ± 0.11`` → 66.04); None for text like ``not reached``."""
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
-    m = re.match(r"\s*(-?\d+(?:\.\d+)?)", str(v)) if v is not None else None
-    return float(m.group(1)) if m else None
-
-
-def write_table(spec, spec_path: Path, runs: list[Run], seeds: list[int], out: Path, command: str,
-                shrink: str | None, jobs: int) -> str:
-    """Write ``table.md``, ``table.csv`` and ``curves*.png`` (one figure per column that has its own runs)."""
-    import csv
-    import io
-
-    from fedlight.records import atomic_write_text, git_revision
-
-    cs = list({id(r.cell): r.cell for r in runs}.values())
-    done = list(dict.fromkeys(r.path for r in runs if r.done()))
-    revs = sorted({str(((rep.read_summary(r) or {}).get("versions") or {}).get("git_revision")) for r in done})
-    rounds = sorted({(rep.read_summary(r) or {}).get("rounds_completed") for r in done} - {None})
-    lines = [f"# {spec['title']}", "",
-             f"- Spec: `{spec_path}` · base recipe `{spec['base']}`",
-             f"- Metric: {rep.metric_label(spec['metric'])}" + "".join(f"; also {rep.metric_label(m)}"
-                                                                    for m in spec.get("also", [])),
-             f"- Seeds: {', '.join(map(str, seeds))} (mean ± sample std over seeds) · rounds: "
-             f"{', '.join(map(str, rounds)) or '-'} · shrink: {shrink or 'none (full scale)'} · jobs: {jobs}",
-             f"- Hardware: {rep.hardware(done)}",
-             f"- fedlight revision: {git_revision()} (runs made at: {', '.join(revs) or '-'})",
-             f"- Command: `{command}`", f"- Run directories under `{out}`", "",
-             "## How this differs from the paper", "", str(spec.get("notes", "")).strip() or "-", ""]
-    cols = list(dict.fromkeys(c.col for c in cs))
-    lines += ["## Measured (paper)", "", f"| | {' | '.join(cols)} |", f"|---|{'---:|' * len(cols)}"]
-    grid = {(c.row, c.col): c for c in cs}
-    for row in dict.fromkeys(c.row for c in cs):
-        items = []
-        for col in cols:
-            c = grid.get((row, col))
-            p = paper_value(spec, c) if c else None
-            items.append("" if c is None else rep.stats(c.metric, c.values[c.metric])["text"] +
-                         (f" ({p})" if p is not None else "") + (f" [{c.diverged} diverged]" if c.diverged else ""))
-        lines.append(f"| {row} | {' | '.join(items)} |")
-    lines += ["", "## Cells", "", "| cell | metric | paper | measured | difference | run directory |",
-              "|---|---|---:|---:|---:|---|"]
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["cell", "row", "column", "metric", "paper", "mean", "std", "n", "difference", "values", "run_dir"])
-    for c in cs:
-        for m in [c.metric, *spec.get("also", [])]:
-            s, p = rep.stats(m, c.values[m]), paper_value(spec, c) if m == c.metric else None
-            diff = s["mean"] - number(p) if s["mean"] is not None and number(p) is not None and \
-                s["n"] == len(c.values[m]) else None
-            run_dir = out / c.run_key
-            d = "-" if diff is None else format(diff, f"+.{s['digits']}f")
-            lines.append(f"| {c.name} | {m} | {'-' if p is None else p} | {s['text']} | {d} | `{run_dir}` |")
-            w.writerow([c.name, c.row, c.col, m, "" if p is None else p, "" if s["mean"] is None else repr(s["mean"]),
-                        "" if s["std"] is None else repr(s["std"]), s["n"], "" if diff is None else repr(diff),
-                        json.dumps(c.values[m]), str(run_dir)])
-    atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
-    atomic_write_text(out / "table.csv", buf.getvalue())
-    figures: dict[str, dict[str, list[Path]]] = {}
-    for r in runs:
-        if r.done():
-            fig = r.cell.col if "/" in r.cell.run_key else ""
-            figures.setdefault(fig, {}).setdefault(r.cell.row, []).append(r.path)
-    for fig, groups in figures.items():
-        rep.plot_curves(groups, out / f"curves{'_' + fig if fig else ''}.png", f"{spec['title']} {fig}".strip())
-    return "\n".join(lines)
-
-
 # ------------------------------------------------------------------------------------------------ the command
 def default_out(spec_path: Path, shrink: str | None) -> Path:
     tag = re.sub(r"[^A-Za-z0-9._]+", "-", (shrink or "").replace("=", "")).strip("-")
@@ -307,7 +238,8 @@ def default_out(spec_path: Path, shrink: str | None) -> Path:
 
 
 def cmd_reproduce(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="fedlight reproduce", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="fedlight reproduce", description="Run a paper table's cells (fedlight fit "
+                                "processes); write table.md/table.csv: paper value, measured mean ± std, difference.")
     p.add_argument("spec", help="table spec YAML (or its name under recipes/tables/)")
     p.add_argument("--cells", default="*", help="glob(s) over 'row/column', comma-separated (default: all)")
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the spec's `seeds`, else 1)")
@@ -330,15 +262,17 @@ def cmd_reproduce(argv: list[str]) -> int:
     runs = plan(spec, every, seeds, out, a.shrink)
     chosen = [r for r in runs if any(r.cell is c for c in todo)]
     if a.dry_run:
-        print("\n".join(shlex.join(["fedlight", *r.argv]) for r in chosen))
+        print("\n".join(shlex.join(["fedlight", *r.argv]) for r in {r.path: r for r in chosen}.values()))
         return 0
     counts = {} if a.table_only else run_all(chosen, a.jobs)
     # The table holds the chosen cells and any other cell of the spec that already has a finished run.
     keep = {id(r.cell) for r in chosen} | {id(r.cell) for r in runs if r.done()}
     shown = [r for r in runs if id(r.cell) in keep]
     collect(spec, shown)
+    cs = list({id(r.cell): r.cell for r in shown}.values())
+    done = list({r.path: (r.cell, r.path) for r in shown if r.done()}.values())
     command = shlex.join(["fedlight", "reproduce", *argv])
-    print(write_table(spec, spec_path, shown, seeds, out, command, a.shrink, a.jobs))
+    print(rep.write_table(spec, spec_path, cs, done, seeds, out, command, a.shrink, a.jobs))
     print(f"\nwrote {out / 'table.md'} and {out / 'table.csv'}")
     return 1 if counts.get("failed") or counts.get("conflict") else 0
 

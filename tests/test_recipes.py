@@ -16,7 +16,7 @@ import torch
 import yaml
 from torch import nn
 
-from fedlight import reproduce
+from fedlight import report, reproduce
 from fedlight.args import LoopConfig
 from fedlight.cli import _parse
 from fedlight.data import FederatedDataModule
@@ -93,7 +93,7 @@ def test_table_spec_cells_instantiate(path):
     # every paper value is a number, or text that starts with one, or "not reached"
     for row in (spec.get("paper") or {}).values():
         for v in row.values():
-            assert reproduce.number(v) is not None or v == "not reached", v
+            assert report.number(v) is not None or v == "not reached", v
 
 
 def resolved(spec_name: str, cell: str) -> dict:
@@ -121,7 +121,7 @@ def test_fedwmsam_table1_fashion_mnist_column_is_the_papers_setting():
         assert (loop["clients_per_round"], loop["local_epochs"], loop["rounds"]) == (10, 5, 500)
         assert (loop["lr"], loop["lr_schedule"], loop["weight_decay"]) == (0.1, {"kind": "exponential",
                                                                                 "decay": 0.998}, 1e-3)
-        assert reproduce.number(spec["paper"][row]["fmnist_dir0.1"]) is not None
+        assert report.number(spec["paper"][row]["fmnist_dir0.1"]) is not None
     assert spec["paper"]["fedwmsam"]["fmnist_dir0.1"] == 84.64 and spec["paper"]["fedavg"]["fmnist_dir0.1"] == 82.26
 
 

@@ -46,17 +46,17 @@ def test_rounds_to_target_on_a_hand_made_curve(tmp_path):
     curve = report.read_curve(run)  # the torn last line of an interrupted write is skipped
     assert [r["round"] for r in curve] == [1, 2, 3, 4, 5, 6]
     assert rounds_to_target(curve, 0.5) == 3  # reached exactly at round 3 (>=), the later dip does not matter
-    assert reproduce.rep.metric_value(run, "rounds_to_target:0.5") == 3
-    assert reproduce.rep.metric_value(run, "rounds_to_target:0.7") == 5
-    assert reproduce.rep.metric_value(run, "rounds_to_target:70") == 5  # a target in percent means the same
-    assert reproduce.rep.metric_value(run, "rounds_to_target:0.1") == 1
-    assert reproduce.rep.metric_value(run, "rounds_to_target:0.81") is None  # never reached
-    assert reproduce.rep.metric_value(run, "final_test_acc") == pytest.approx(80.0)  # accuracies in %
-    assert reproduce.rep.metric_value(run, "best_test_acc") == pytest.approx(80.0)
-    assert reproduce.rep.metric_value(run, "seconds_per_round") == 0.5
-    assert reproduce.rep.metric_value(run, "final_train_loss") == pytest.approx(2.0 / 6)
+    assert report.metric_value(run, "rounds_to_target:0.5") == 3
+    assert report.metric_value(run, "rounds_to_target:0.7") == 5
+    assert report.metric_value(run, "rounds_to_target:70") == 5  # a target in percent means the same
+    assert report.metric_value(run, "rounds_to_target:0.1") == 1
+    assert report.metric_value(run, "rounds_to_target:0.81") is None  # never reached
+    assert report.metric_value(run, "final_test_acc") == pytest.approx(80.0)  # accuracies in %
+    assert report.metric_value(run, "best_test_acc") == pytest.approx(80.0)
+    assert report.metric_value(run, "seconds_per_round") == 0.5
+    assert report.metric_value(run, "final_train_loss") == pytest.approx(2.0 / 6)
     with pytest.raises(ConfigError, match="unknown metric"):
-        reproduce.rep.metric_value(run, "final_acc")
+        report.metric_value(run, "final_acc")
 
 
 def test_stats_and_paper_numbers():
@@ -67,8 +67,8 @@ def test_stats_and_paper_numbers():
     assert report.stats("rounds_to_target:0.7", [None, None])["text"] == "not reached"
     assert report.stats("final_test_acc", [81.5, "missing"])["text"] == "81.50 [1/2 seeds]"
     assert report.stats("final_test_acc", ["missing"])["text"] == "not run"
-    assert reproduce.number("66.04 ± 0.11") == 66.04 and reproduce.number(84.64) == 84.64
-    assert reproduce.number("83.75 (best of 3)") == 83.75 and reproduce.number("not reached") is None
+    assert report.number("66.04 ± 0.11") == 66.04 and report.number(84.64) == 84.64
+    assert report.number("83.75 (best of 3)") == 83.75 and report.number("not reached") is None
 
 
 def test_overrides_become_fit_flags_and_shrink_skips_what_the_data_lacks():
@@ -85,6 +85,21 @@ def test_overrides_become_fit_flags_and_shrink_skips_what_the_data_lacks():
                                                                            "data.init_args.subset": 512}
     with pytest.raises(ConfigError, match="key=value"):
         reproduce.shrink_overrides("rounds", spec, syn)
+
+
+def test_columns_without_overrides_share_their_rows_runs(tmp_path):
+    spec = reproduce.load_spec(reproduce.find_spec("fedwmsam_table3"))
+    t3 = reproduce.cells(spec)
+    fedavg = [c for c in t3 if c.row == "fedavg"]
+    assert {c.run_key for c in fedavg} == {"fedavg/to_70"}  # six metrics, one run per seed
+    assert [c.metric for c in fedavg] == ["rounds_to_target:0.70", "rounds_to_target:0.72", "rounds_to_target:0.74",
+                                          "rounds_to_target:0.76", "rounds_to_target:0.78", "seconds_per_round"]
+    runs = reproduce.plan(spec, t3, [0, 1], tmp_path, None)
+    assert len(runs) == 6 * 11 * 2 and len({r.path for r in runs}) == 11 * 2
+    t4 = reproduce.cells(reproduce.load_spec(reproduce.find_spec("fednsam_table4")))
+    assert {c.run_key for c in t4 if c.row == "fednsam"} == {"fednsam/dir0.6_to55", "fednsam/dir0.1_to45"}
+    t1 = reproduce.cells(reproduce.load_spec(reproduce.find_spec("fedwmsam_table1")))
+    assert len({c.run_key for c in t1}) == len(t1) == 12 * 12
 
 
 def write_spec(path: Path, mu: float = 0.01) -> Path:
@@ -114,13 +129,13 @@ def test_spec_errors_are_one_line(tmp_path):
     assert reproduce.find_spec("fedwmsam_table1") == ROOT / "recipes" / "tables" / "fedwmsam_table1.yaml"
 
 
-def test_shrunk_reproduce_table_matches_the_runs(tmp_path, capsys):
+def test_shrunk_reproduce_table_matches_the_runs(tmp_path, capsys, monkeypatch):
     spec, out = write_spec(tmp_path / "quick.yaml"), tmp_path / "out"
     args = [str(spec), "--shrink", "rounds=2,subset=512,test_subset=128,loop.local_steps=2", "--out", str(out)]
     assert main(["reproduce", *args, "--jobs", "2"]) == 0
     printed = capsys.readouterr().out
-    assert "fedavg seed0: done" in printed and "fedprox seed0: done" in printed
-    runs = {c: out / c / "seed0" for c in ("fedavg", "fedprox")}
+    assert "fedavg/synthetic seed0: done" in printed and "fedprox/synthetic seed0: done" in printed
+    runs = {c: out / c / "synthetic" / "seed0" for c in ("fedavg", "fedprox")}
     summaries = {c: json.loads((r / "summary.json").read_text()) for c, r in runs.items()}
     assert all(s["rounds_completed"] == 2 for s in summaries.values())
     data = yaml.safe_load((runs["fedavg"] / "config.yaml").read_text())["data"]["init_args"]
@@ -132,7 +147,7 @@ def test_shrunk_reproduce_table_matches_the_runs(tmp_path, capsys):
         measured = 100 * summaries[cell]["final_test_acc"]
         assert float(r["mean"]) == pytest.approx(measured, abs=1e-9) and r["n"] == "1" and r["std"] == ""
         assert float(r["difference"]) == pytest.approx(measured - paper, abs=1e-9)
-        assert r["run_dir"] == str(out / cell)
+        assert r["run_dir"] == str(out / cell / "synthetic")
         sec = rows[(f"{cell}/synthetic", "seconds_per_round")]
         assert float(sec["mean"]) == pytest.approx(summaries[cell]["seconds_per_round"])
         reach = rows[(f"{cell}/synthetic", "rounds_to_target:0.2")]
@@ -140,16 +155,26 @@ def test_shrunk_reproduce_table_matches_the_runs(tmp_path, capsys):
         assert json.loads(reach["values"]) == [rounds_to_target(curve, 0.2)]
     md = (out / "table.md").read_text()
     for needle in ("Quickstart two-cell table", "Hardware: CPU", "fedlight revision:", "rounds: 2",
-                   "Command: `fedlight reproduce", "--jobs 2", "Synthetic(1, 1) instead", "(51.2 ± 0.3)",
+                   "Command: `fedlight reproduce", "--jobs 2", "Synthetic(1, 1) instead", " / 51.2 ± 0.3 |",
                    f"{100 * summaries['fedavg']['final_test_acc']:.2f}"):
         assert needle in md, needle
     assert (out / "curves.png").stat().st_size > 10_000
 
     # Again: finished runs are skipped without starting a process; an interrupted one resumes from its checkpoint.
+    # (Its `fedlight fit` runs in this process, to save a second interpreter start.)
+    started = []
+
+    def fit_here(cmd, stdout, stderr, env):
+        assert cmd[1:4] == ["-m", "fedlight.cli", "fit"]
+        started.append(cmd)
+        return main(cmd[3:])
+
+    monkeypatch.setattr(reproduce.subprocess, "call", fit_here)
     (runs["fedprox"] / "summary.json").unlink()
     assert main(["reproduce", *args]) == 0
+    assert len(started) == 1 and str(runs["fedprox"]) in started[0]
     printed = capsys.readouterr().out
-    assert "fedavg seed0: skipped" in printed and "fedprox seed0: done" in printed
+    assert "fedavg/synthetic seed0: skipped" in printed and "fedprox/synthetic seed0: done" in printed
     assert json.loads((runs["fedprox"] / "summary.json").read_text())["final_test_acc"] == \
         summaries["fedprox"]["final_test_acc"]
     assert len(report.read_curve(runs["fedprox"])) == 2  # no round was trained twice
@@ -162,7 +187,7 @@ def test_shrunk_reproduce_table_matches_the_runs(tmp_path, capsys):
     # fedlight report over the table's runs: comparison table and a non-blank plot.
     assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
     table = (tmp_path / "rep" / "report.md").read_text()
-    assert "fedavg/seed0" in table and "fedprox/seed0" in table
+    assert "fedavg/synthetic/seed0" in table and "fedprox/synthetic/seed0" in table
     check_png(tmp_path / "rep" / "curves.png")
 
 
@@ -173,7 +198,7 @@ def test_dry_run_prints_resumable_commands(tmp_path, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and all(ln.startswith("fedlight fit --config ") for ln in lines)
     assert "--seed 1" in lines[1] and "--resume auto" in lines[1] and "FedProx" in lines[1]
-    assert f"{tmp_path / 'o' / 'fedprox' / 'seed1'}" in lines[1]
+    assert f"{tmp_path / 'o' / 'fedprox' / 'synthetic' / 'seed1'}" in lines[1]
     assert not (tmp_path / "o").exists()
 
 
