@@ -284,6 +284,7 @@ def overhead(w: Workload, reps: int = 5, warmup: int = 2, vectorised: bool = Tru
            "warmup": warmup, "s_per_round": med, "cpu_s_per_round": cpu,
            "ratio": med["fedlight"] / med["minimal"], "cpu_ratio": cpu["fedlight"] / cpu["minimal"],
            "paired_ratios": [f[0] / m[0] for f, m in zip(times["fedlight"], times["minimal"])],
+           "paired_cpu_ratios": [f[1] / m[1] for f, m in zip(times["fedlight"], times["minimal"])],
            "max_abs_diff_fedlight_vs_minimal": _max_diff(loop.x, minimal.x),
            "peak_rss_mb": peak_rss_mb()}
     if vm is not None:
@@ -293,10 +294,14 @@ def overhead(w: Workload, reps: int = 5, warmup: int = 2, vectorised: bool = Tru
     return res
 
 
-def _fit_config(path: Path, rounds: int, steps: int, eval_every: int) -> str:
+def _fit_config(path: Path, rounds: int, steps: int, eval_every: int, tiny: bool = False) -> str:
     import yaml
 
-    if os.environ.get("FEDLIGHT_DATA"):
+    if tiny:
+        data = {"class_path": "fedlight.data.Synthetic",
+                "init_args": {"num_clients": 20, "dim": 784, "samples_per_client": 40, "batch_size": 8}}
+        model_in, name = 784, "Synthetic(1, 1), dim 784, 20 clients (tiny)"
+    elif os.environ.get("FEDLIGHT_DATA"):
         data = {"class_path": "fedlight.data.FashionMNIST",
                 "init_args": {"num_clients": 100, "batch_size": 50,
                               "partition": {"class_path": "fedlight.data.Dirichlet",
@@ -315,12 +320,13 @@ def _fit_config(path: Path, rounds: int, steps: int, eval_every: int) -> str:
     return name
 
 
-def _run_fit(cfg: Path, out: Path, devices: int) -> dict[str, Any]:
+def _run_fit(cfg: Path, out: Path, devices: int, threads: int | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "fedlight.cli", "fit", "--config", str(cfg), "--devices", str(devices),
            "--accelerator", "cpu", "--out_dir", str(out), "--overwrite", "true"]
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
     t = time.perf_counter()
     with open(out.parent / f"{out.name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t
@@ -341,20 +347,24 @@ def _run_fit(cfg: Path, out: Path, devices: int) -> dict[str, Any]:
 
 
 def multiprocess(rounds: int = 10, steps: int = 50, reps: int = 1, eval_every: int = 1,
-                 workdir: str | None = None) -> dict[str, Any]:
-    """``fedlight fit --devices 1`` vs ``--devices 2`` (CPU, gloo), interleaved ``reps`` times."""
+                 workdir: str | None = None, tiny: bool = False, threads: int | None = None) -> dict[str, Any]:
+    """``fedlight fit --devices 1`` vs ``--devices 2`` (CPU, gloo), interleaved ``reps`` times.
+
+    ``threads`` sets ``OMP_NUM_THREADS`` for every process; unset, the 1-process run uses torch's default and
+    Lightning gives each of the 2 processes ``cpus // 2`` threads."""
     root = Path(workdir or tempfile.mkdtemp(prefix="fedlight-bench-mp-"))
     root.mkdir(parents=True, exist_ok=True)
     cfg = root / "bench_mlp.yaml"
-    data_name = _fit_config(cfg, rounds, steps, eval_every)
+    data_name = _fit_config(cfg, rounds, steps, eval_every, tiny)
     runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
     for i in range(reps):
         for n in (1, 2):
-            runs[n].append(_run_fit(cfg, root / f"run_d{n}_{i}", n))
+            runs[n].append(_run_fit(cfg, root / f"run_d{n}_{i}", n, threads))
     one, two = runs[1], runs[2]
     med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
     diff = max(_max_diff(a["model"], b["model"]) for a in one for b in two)
     res = {"data": data_name, "rounds": rounds, "local_steps": steps, "eval_every": eval_every, "reps": reps,
+           "omp_num_threads": threads or os.environ.get("OMP_NUM_THREADS", "default"),
            "config": cfg.read_text(),
            "round_s": {1: med(one, "round_s_median"), 2: med(two, "round_s_median")},
            "fit_wall_s": {1: med(one, "fit_wall_s"), 2: med(two, "fit_wall_s")},
@@ -378,9 +388,8 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
     """SCAFFOLD, MLP 784-200-200-10: every client holds a ``c_i`` (0.8 MB); the store keeps ``budget_mb`` in
     memory and spills the rest. Compares the same rounds against an in-memory store holding only the states the
     measured rounds touch (same compute, no spill)."""
-    import io
-
     from fedlight import params as P
+    from fedlight.records import atomic_torch_save
     from fedlight.sampling import sample_clients
     from fedlight.state import ClientStateStore
 
@@ -408,7 +417,7 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
         spilled.store.put(cid, state)
         if cid in touched:
             memory.store.put(cid, state)
-    fill_s = time.perf_counter() - t
+    fill_s, rss_fill = time.perf_counter() - t, rss_now_mb()
     counters = {"get": [0, 0.0], "put": [0, 0.0]}
 
     def timed(name, fn):
@@ -428,25 +437,28 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
             if r > 0:
                 ts[name].append(dt)
     diff = _max_diff(spilled.x, memory.x)
-    t = time.perf_counter()
-    sd = spilled.store.state_dict()
-    buf = io.BytesIO()
-    torch.save(sd, buf)
-    ckpt_s = time.perf_counter() - t
+    rss_rounds, peak_rounds, spilled_n = rss_now_mb(), peak_rss_mb(), len(spilled.store._disk)
+    ckpt, ckpt_s = spill / "last.ckpt", []
+    for i in range(2):  # the first checkpoint also writes the in-memory states to files; the second follows a round
+        if i:
+            spilled.run_round(rounds + 1)
+        t = time.perf_counter()
+        atomic_torch_save({"store": spilled.store.state_dict()}, ckpt)
+        ckpt_s.append(time.perf_counter() - t)
     med = {k: statistics.median(v) for k, v in ts.items()}
     n_get, n_put = counters["get"][0], counters["put"][0]
     res = {"num_clients": num_clients, "state_mb_per_client": per_client / 2**20,
            "state_gb_total": per_client * num_clients / 1e9, "budget_mb": budget_mb,
-           "in_memory_mb": spilled.store.mem_bytes / 2**20, "spilled_clients": len(spilled.store._disk),
+           "in_memory_mb": spilled.store.mem_bytes / 2**20, "spilled_clients": spilled_n,
            "disk_gb": spilled.store.disk_bytes / 1e9, "fill_s": fill_s,
            "fill_gb_per_s": per_client * num_clients / 1e9 / fill_s,
            "round_s": med, "spill_cost_per_round_s": med["spilled"] - med["memory"],
            "store_get_ms": 1e3 * counters["get"][1] / max(n_get, 1),
            "store_put_ms": 1e3 * counters["put"][1] / max(n_put, 1),
-           "store_s_per_round": (counters["get"][1] + counters["put"][1]) / (rounds + 1),
            "max_abs_diff_spilled_vs_memory": diff,
-           "checkpoint_entry_mb": buf.tell() / 2**20, "checkpoint_s": ckpt_s,
-           "rss_before_fill_mb": rss0, "rss_now_mb": rss_now_mb(), "peak_rss_mb": peak_rss_mb()}
+           "checkpoint_mb": ckpt.stat().st_size / 2**20, "checkpoint_s": ckpt_s,
+           "rss_before_fill_mb": rss0, "rss_after_fill_mb": rss_fill, "rss_after_rounds_mb": rss_rounds,
+           "peak_rss_rounds_mb": peak_rounds, "peak_rss_mb": peak_rss_mb()}
     for lp in (spilled, memory):
         shutil.rmtree(lp.out_dir, ignore_errors=True)
     if spill_dir is None:
@@ -455,20 +467,35 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
 
 
 def gpu(reps: int = 5, warmup: int = 2, algorithms: tuple[str, ...] = ("fedavg", "fedsam"),
-        clients: int = 10, steps: int = 50, batch: int = 50) -> dict[str, Any]:
-    """ResNet-18-CIFAR (CIFAR-100 shapes), bf16-mixed: s/round, MFU vs an H100's dense bf16 peak, peak memory."""
-    if not torch.cuda.is_available():
+        clients: int = 10, steps: int = 50, batch: int = 50, accelerator: str = "cuda") -> dict[str, Any]:
+    """ResNet-18-CIFAR (CIFAR-100 shapes), bf16-mixed: s/round, MFU vs an H100's dense bf16 peak, peak memory.
+
+    FedAvg also runs :class:`MinimalFedAvg` (bf16 autocast) interleaved, for the overhead ratio on the GPU.
+    ``accelerator="cpu"`` runs the same code on CPU (a smoke test of this section; its MFU means nothing)."""
+    cuda = accelerator == "cuda"
+    if cuda and not torch.cuda.is_available():
         return {"skipped": "no CUDA device: the GPU section is not yet measured; run `python tools/bench.py --gpu` "
                            "on a machine with one"}
     w = Workload("resnet18", clients=clients, steps=steps, batch=batch)
-    res: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "clients": clients, "steps": steps,
-                           "batch": batch, "precision": "bf16-mixed", "model": "ResNet18(num_classes=100)",
-                           "rows": []}
+    res: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "nvidia_smi": "-",
+                           "cuda": torch.version.cuda, "sms": "-", "clients": clients, "steps": steps, "batch": batch,
+                           "precision": "bf16-mixed", "rows": [],
+                           "model": "ResNet18(num_classes=100), GroupNorm (fedlight default)"}
+    if cuda:
+        props = torch.cuda.get_device_properties(0)
+        res.update(memory_gb=props.total_memory / 1e9, sms=props.multi_processor_count)
+        try:  # power limit and clocks tell an SXM H100 (989 TFLOP/s bf16) from a PCIe one (756)
+            res["nvidia_smi"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,power.limit,clocks.max.sm,memory.total,driver_version",
+                 "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            res["nvidia_smi"] = "nvidia-smi unavailable"
     samples = clients * steps * batch
     for algo in algorithms:
-        torch.cuda.reset_peak_memory_stats()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         clients_data = w.data()
-        loop = fedlight_loop(w.model(), clients_data, w, "cuda", "bf16-mixed", algo)
+        loop = fedlight_loop(w.model(), clients_data, w, accelerator, "bf16-mixed", algo)
         dev = loop.device
         ms = MinimalFedAvg(w.model(), clients_data, w, dev, bf16=True) if algo == "fedavg" else None
         tf, tm = [], []
@@ -480,26 +507,29 @@ def gpu(reps: int = 5, warmup: int = 2, algorithms: tuple[str, ...] = ("fedavg",
                 if b is not None:
                     tm.append(b)
         s = statistics.median(tf)
-        passes = 2 if algo == "fedsam" else 1
-        flops = samples * RESNET18_CIFAR_FLOP * passes
-        row = {"algorithm": algo, "s_per_round": s, "tflops": flops / s / 1e12,
-               "mfu_h100_bf16": flops / s / H100_BF16_PEAK, "peak_gpu_mem_gb": torch.cuda.max_memory_allocated() / 1e9}
+        flops = samples * RESNET18_CIFAR_FLOP * (2 if algo == "fedsam" else 1)  # SAM: two fwd+bwd per step
+        row = {"algorithm": algo, "s_per_round": s, "tflops": flops / s / 1e12, "mfu_h100_bf16": flops / s /
+               H100_BF16_PEAK, "peak_gpu_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else 0.0}
         if tm:
             row["minimal_s_per_round"] = statistics.median(tm)
             row["ratio"] = s / row["minimal_s_per_round"]
         res["rows"].append(row)
         shutil.rmtree(loop.out_dir, ignore_errors=True)
-        del loop, ms, clients_data
-        torch.cuda.empty_cache()
+        loop = ms = clients_data = None
+        if cuda:
+            torch.cuda.empty_cache()
     return res
 
 
 # ------------------------------------------------------------------------------------------------- report
 def _fmt_overhead(o: dict[str, Any]) -> list[str]:
-    s, c = o["s_per_round"], o["cpu_s_per_round"]
+    s = o["s_per_round"]
+    pr, pc = sorted(o["paired_ratios"]), sorted(o["paired_cpu_ratios"])
+    q = lambda v, f: v[min(len(v) - 1, int(f * len(v)))]  # noqa: E731
     lines = [f"overhead {o['workload']}: fedlight {s['fedlight']:.4f} s/round, minimal {s['minimal']:.4f} s/round, "
-             f"ratio {o['ratio']:.3f} (CPU-time ratio {o['cpu_ratio']:.3f}; paired ratios "
-             f"{', '.join(f'{x:.3f}' for x in o['paired_ratios'])}; max |x_fedlight - x_minimal| "
+             f"ratio {o['ratio']:.3f} (CPU-time ratio {o['cpu_ratio']:.3f}; per-rep ratios wall median "
+             f"{statistics.median(pr):.3f} [quartiles {q(pr, 0.25):.3f}-{q(pr, 0.75):.3f}], CPU median "
+             f"{statistics.median(pc):.3f} [{q(pc, 0.25):.3f}-{q(pc, 0.75):.3f}]; max |x_fedlight - x_minimal| "
              f"{o['max_abs_diff_fedlight_vs_minimal']:.2e})"]
     if "vmap" in s:
         lines.append(f"vectorised {o['workload']}: vmap {s['vmap']:.4f} s/round, speedup over minimal "
@@ -517,7 +547,8 @@ def report(results: dict[str, Any]) -> str:
     if "multiprocess" in results:
         m = results["multiprocess"]
         out.append(f"multiprocess ({m['data']}, {m['rounds']} rounds, K={m['local_steps']}, eval every "
-                   f"{m['eval_every']}): s/round 1 proc {m['round_s'][1]:.3f}, 2 procs {m['round_s'][2]:.3f}, "
+                   f"{m['eval_every']}, OMP_NUM_THREADS={m['omp_num_threads']}): s/round 1 proc {m['round_s'][1]:.3f}, "
+                   f"2 procs {m['round_s'][2]:.3f}, "
                    f"speedup {m['speedup_round']:.2f}x (whole fit {m['speedup_fit']:.2f}x: {m['fit_wall_s'][1]:.1f} "
                    f"s vs {m['fit_wall_s'][2]:.1f} s); max |final model diff| {m['max_abs_diff_final_model']:.2e}")
         out.append(f"  eval share of fit time: 1 proc {100 * m['eval_share'][1]:.1f}%, 2 procs "
@@ -528,18 +559,25 @@ def report(results: dict[str, Any]) -> str:
     if "many_clients" in results:
         c = results["many_clients"]
         out.append(f"many clients (SCAFFOLD, MLP, {c['num_clients']} clients, {c['state_gb_total']:.2f} GB of c_i, "
-                   f"budget {c['budget_mb']:.0f} MB): peak RSS {c['peak_rss_mb']:.0f} MB (now {c['rss_now_mb']:.0f} "
-                   f"MB, before filling the store {c['rss_before_fill_mb']:.0f} MB); {c['spilled_clients']} "
-                   f"clients spilled ({c['disk_gb']:.2f} GB), {c['in_memory_mb']:.0f} MB in memory")
+                   f"budget {c['budget_mb']:.0f} MB): peak RSS {c['peak_rss_rounds_mb']:.0f} MB through the rounds, "
+                   f"{c['peak_rss_mb']:.0f} MB with checkpoints (RSS before filling the store "
+                   f"{c['rss_before_fill_mb']:.0f} MB, after {c['rss_after_fill_mb']:.0f} MB, after the rounds "
+                   f"{c['rss_after_rounds_mb']:.0f} MB); {c['spilled_clients']} clients spilled ({c['disk_gb']:.2f} "
+                   f"GB on disk), {c['in_memory_mb']:.0f} MB in memory")
         out.append(f"  s/round spilled {c['round_s']['spilled']:.4f}, in memory {c['round_s']['memory']:.4f}, spill "
                    f"cost {1e3 * c['spill_cost_per_round_s']:+.1f} ms/round (store get {c['store_get_ms']:.2f} ms, "
                    f"put {c['store_put_ms']:.2f} ms per client); filling {c['fill_s']:.1f} s "
-                   f"({c['fill_gb_per_s']:.2f} GB/s); store checkpoint entry {c['checkpoint_entry_mb']:.2f} MB in "
-                   f"{c['checkpoint_s']:.2f} s; max |x_spilled - x_memory| {c['max_abs_diff_spilled_vs_memory']:.1e}")
+                   f"({c['fill_gb_per_s']:.2f} GB/s); checkpoint of the store {c['checkpoint_mb']:.2f} MB, written in "
+                   f"{c['checkpoint_s'][0]:.2f} s (first: flushes the in-memory states) / {c['checkpoint_s'][1]:.2f} "
+                   f"s (next round); max |x_spilled - x_memory| {c['max_abs_diff_spilled_vs_memory']:.1e}")
     if "gpu" in results:
         gres = results["gpu"]
         if "skipped" in gres:
             out.append(f"gpu: {gres['skipped']}")
+        else:
+            out.append(f"gpu: {gres['nvidia_smi']} (CUDA {gres['cuda']}, {gres['sms']} SMs); {gres['model']}, "
+                       f"{gres['clients']} clients x {gres['steps']} steps x batch {gres['batch']}, "
+                       f"{gres['precision']}")
         for row in gres.get("rows", []):
             extra = (f", minimal {row['minimal_s_per_round']:.4f} s/round, ratio {row['ratio']:.3f}"
                      if "ratio" in row else "")
@@ -547,11 +585,17 @@ def report(results: dict[str, Any]) -> str:
                        f"s/round, {row['tflops']:.1f} TFLOP/s = {100 * row['mfu_h100_bf16']:.1f}% of H100 bf16 "
                        f"peak{extra}; peak GPU memory {row['peak_gpu_mem_gb']:.2f} GB")
     out.append(f"peak RSS of the bench process: {peak_rss_mb():.0f} MB")
+    env = results["environment"]
+    load = max(env.get("load_average_1m") or 0, env.get("load_average_1m_end") or 0)
+    if env["logical_cpus"] and load > env["logical_cpus"] and env["torch_threads"] > 1:
+        out.append(f"WARNING: load average {load} on {env['logical_cpus']} CPUs with {env['torch_threads']} torch "
+                   "threads: multi-threaded timings on an oversubscribed machine are unreliable (a descheduled "
+                   "OpenMP worker stalls every parallel op); rerun with --threads 1 (--mp-threads 1)")
     return "\n".join(out)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tools/bench.py", description=__doc__.split("\n\n")[0],
+def parser(prog: str = "tools/bench.py") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--overhead", action="store_true", help="fedlight vs the minimal loop (default section)")
     p.add_argument("--multiprocess", action="store_true", help="fedlight fit --devices 1 vs 2 on CPU")
@@ -570,6 +614,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mp-steps", type=int, default=50)
     p.add_argument("--mp-reps", type=int, default=1)
     p.add_argument("--mp-eval-every", type=int, default=1)
+    p.add_argument("--mp-threads", type=int, default=None,
+                   help="OMP_NUM_THREADS of every fit process (default: inherited; 1 on shared machines)")
     p.add_argument("--num-clients", type=int, default=10_000, help="--many-clients: clients with state")
     p.add_argument("--budget-mb", type=float, default=512.0, help="--many-clients: in-memory state budget")
     p.add_argument("--mc-rounds", type=int, default=5)
@@ -580,9 +626,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "tools/bench.py") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    a = parser().parse_args(argv)
+    a = parser(prog).parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.tiny:
@@ -592,7 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     sections = {k: run_all or getattr(a, k) for k in ("overhead", "multiprocess", "many_clients", "gpu")}
     if not any(sections.values()):
         sections["overhead"] = True
-    results: dict[str, Any] = {"command": " ".join(["python tools/bench.py", *argv]), "environment": environment()}
+    cmd = f"python {prog}" if prog.endswith(".py") else prog
+    results: dict[str, Any] = {"command": " ".join([cmd, *argv]), "environment": environment()}
     if sections["overhead"]:
         results["overhead"] = []
         for name in a.workloads.split(","):
@@ -600,7 +647,8 @@ def main(argv: list[str] | None = None) -> int:
             results["overhead"].append(overhead(w, a.reps, a.warmup, a.vmap))
             print("\n".join(_fmt_overhead(results["overhead"][-1])), flush=True)
     if sections["multiprocess"]:
-        results["multiprocess"] = multiprocess(a.mp_rounds, a.mp_steps, a.mp_reps, a.mp_eval_every)
+        results["multiprocess"] = multiprocess(a.mp_rounds, a.mp_steps, a.mp_reps, a.mp_eval_every, tiny=a.tiny,
+                                               threads=a.mp_threads)
     if sections["many_clients"]:
         results["many_clients"] = many_clients(a.num_clients, a.budget_mb, a.mc_rounds, spill_dir=a.spill_dir)
     if sections["gpu"] or (run_all and torch.cuda.is_available()):
@@ -613,3 +661,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
     return 0
+
+
+def _register() -> None:
+    """``fedlight bench``: registered when :func:`fedlight.cli._load_plugins` imports this module."""
+    from fedlight.cli import register_command
+
+    register_command("bench", lambda argv: main(argv, prog="fedlight bench"),
+                     "time fedlight against a minimal PyTorch loop (and at scale): fedlight bench --help")
+
+
+_register()

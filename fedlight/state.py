@@ -1,11 +1,10 @@
 """Per-client state store: each client's persistent state (``c_i``, ``h_i``, momenta) keyed by client id.
 
-State belongs to the client id and survives rounds in which the client is not sampled. The store keeps it off
-the accelerator by default (``device="cpu"``). With a memory budget, the least recently stored states beyond it
-spill to one flat file per client in ``spill_dir`` (read back through a private memory map), so 10,000 stateful
-clients need disk, not RAM. A checkpoint of a spilled store holds the in-memory states plus, per spilled client,
-a reference (file, size, crc32) instead of the data; the files a checkpoint references are kept until the next
-checkpoint supersedes it, written atomically and fsynced before the checkpoint that names them.
+State survives rounds in which the client is not sampled and lives off the accelerator by default. With a memory
+budget, the least recently stored states beyond it spill to one flat file per client (read back through a private
+memory map), so 10,000 stateful clients need disk, not RAM. A checkpoint then holds the in-memory states plus a
+reference (path, size, crc32) per spilled client: files are written atomically, fsynced before the checkpoint that
+names them, and deleted only once two later checkpoints no longer name them.
 """
 
 from __future__ import annotations
@@ -62,15 +61,13 @@ def _layout(spec: tuple, out: list[tuple[int, torch.dtype, tuple]], pos: int = 0
         pos = -(-pos // _ALIGN) * _ALIGN
         out.append((pos, dtype, shape))
         return pos + dtype.itemsize * int(torch.Size(shape).numel())
-    items = body if kind in ("l", "u") else [v for _, v in body] if kind == "d" else []
-    for item in items:
+    for item in body if kind in ("l", "u") else [v for _, v in body] if kind == "d" else []:
         pos = _layout(item, out, pos)
     return pos
 
 
 def _intern(specs: dict[tuple, tuple], spec: tuple) -> tuple:
-    """One shared spec object per distinct layout (10,000 clients of one model share one)."""
-    try:
+    try:  # one shared object per distinct layout: 10,000 clients of one model keep one spec
         return specs.setdefault(spec, spec)
     except TypeError:  # an unhashable non-tensor value
         return spec
@@ -104,8 +101,7 @@ class ClientStateStore:
                  spill_dir: str | os.PathLike | None = None) -> None:
         self.device = torch.device(device)
         self.budget = budget_bytes
-        self._mem: OrderedDict[int, dict[str, Any]] = OrderedDict()  # least recently stored first
-        self._mem_size: dict[int, int] = {}
+        self._mem: OrderedDict[int, tuple[dict[str, Any], int]] = OrderedDict()  # (state, bytes), oldest first
         self.mem_bytes = 0
         self._disk: dict[int, dict[str, Any]] = {}  # cid → {spec, path, nbytes, crc, owned, verified}
         self._specs: dict[tuple, tuple] = {}
@@ -114,18 +110,18 @@ class ClientStateStore:
         self._pins: tuple[set[Path], set[Path]] = (set(), set())  # files of the last two exported state_dicts
         self._garbage: set[Path] = set()  # superseded files, deleted once no kept checkpoint names them
         self._temporary = spill_dir is None and budget_bytes is not None
-        self.spill_dir = Path(tempfile.mkdtemp(prefix="fedlight-state-")) if self._temporary else (
-            Path(spill_dir).resolve() if spill_dir is not None else None)
+        self.spill_dir = Path(spill_dir).resolve() if spill_dir is not None else None
         if self._temporary:
+            self.spill_dir = Path(tempfile.mkdtemp(prefix="fedlight-state-")).resolve()
             weakref.finalize(self, shutil.rmtree, self.spill_dir, True)
-        if self.spill_dir is not None:
+        elif self.spill_dir is not None:
             self.spill_dir.mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------------------------------------- get / put
     def get(self, client_id: int, device: torch.device | str) -> dict[str, Any]:
         """A private copy of the client's state on ``device`` (empty dict for a new client)."""
         if client_id in self._mem:
-            return _map(self._mem[client_id], lambda t: t.to(device, copy=True))
+            return _map(self._mem[client_id][0], lambda t: t.to(device, copy=True))
         if client_id in self._disk:
             return self._read(client_id, device)
         return {}
@@ -136,17 +132,17 @@ class ClientStateStore:
             return
         self._drop(client_id)
         copy = _map(state, lambda t: t.detach().to(self.device, copy=True))
-        self._mem[client_id], self._mem_size[client_id] = copy, _size(copy)
-        self.mem_bytes += self._mem_size[client_id]
+        self._mem[client_id] = (copy, _size(copy))
+        self.mem_bytes += self._mem[client_id][1]
         while self.budget is not None and self.mem_bytes > self.budget and self._mem:
-            cid, st = self._mem.popitem(last=False)
-            self.mem_bytes -= self._mem_size.pop(cid)
-            self._write(cid, st)
+            cid, (st, n) = self._mem.popitem(last=False)
+            self.mem_bytes -= n
+            if cid not in self._disk:  # else a checkpoint already wrote this very state
+                self._write(cid, st)
 
     def _drop(self, client_id: int) -> None:
         if client_id in self._mem:
-            self.mem_bytes -= self._mem_size.pop(client_id)
-            del self._mem[client_id]
+            self.mem_bytes -= self._mem.pop(client_id)[1]
         entry = self._disk.pop(client_id, None)
         if entry is not None and entry["owned"]:
             self._garbage.add(entry["path"])
@@ -156,13 +152,13 @@ class ClientStateStore:
         return client_id in self._mem or client_id in self._disk
 
     def __len__(self) -> int:
-        return len(self._mem) + len(self._disk)
+        return len(self._mem.keys() | self._disk.keys())
 
     def ids(self) -> list[int]:
-        return sorted([*self._mem, *self._disk])
+        return sorted(self._mem.keys() | self._disk.keys())
 
     @property
-    def disk_bytes(self) -> int:
+    def disk_bytes(self) -> int:  # spilled files, and copies a checkpoint wrote of states still in memory
         return sum(e["nbytes"] for e in self._disk.values())
 
     # ------------------------------------------------------------------------------------------- files
@@ -170,29 +166,29 @@ class ClientStateStore:
         leaves: list[Tensor] = []
         spec = _intern(self._specs, _spec(state, leaves))
         offsets: list[tuple[int, torch.dtype, tuple]] = []
-        buf = torch.zeros(_layout(spec, offsets), dtype=torch.uint8)
-        for (pos, _, _), t in zip(offsets, leaves):
-            flat = t.detach().reshape(-1).cpu()
-            buf[pos: pos + flat.numel() * flat.element_size()] = flat.contiguous().view(torch.uint8)
-        data = buf.numpy()
+        _layout(spec, offsets)
         self._count += 1
         path = self.spill_dir / f"c{client_id}-{self._token}-{self._count}.bin"
-        tmp = path.with_suffix(".tmp")
+        tmp, crc, end = path.with_suffix(".tmp"), 0, 0
         with open(tmp, "wb") as f:
-            f.write(data)
+            for (pos, _, _), t in zip(offsets, leaves):
+                for chunk in (bytes(pos - end), t.detach().reshape(-1).cpu().contiguous().view(torch.uint8).numpy()):
+                    f.write(chunk)
+                    crc = zlib.crc32(chunk, crc)
+                end = pos + t.numel() * t.element_size()
         os.replace(tmp, path)
         self._unsynced.add(path)
-        self._disk[client_id] = {"spec": spec, "path": path, "nbytes": len(data), "crc": zlib.crc32(data),
-                                 "owned": True, "verified": True}
+        self._disk[client_id] = {"spec": spec, "path": path, "nbytes": end, "crc": crc, "owned": True,
+                                 "verified": True}
 
     def _read(self, client_id: int, device: torch.device | str) -> dict[str, Any]:
         e = self._disk[client_id]
-        buf = torch.from_file(str(e["path"]), shared=False, size=e["nbytes"], dtype=torch.uint8)
-        if not e["verified"]:
-            if zlib.crc32(buf.numpy()) != e["crc"]:
-                raise RuntimeError(f"client {client_id}'s state file {e['path']} is corrupt (crc32 mismatch); "
-                                   "resume from an earlier run directory or start over")
-            e["verified"] = True
+        buf = torch.from_file(str(e["path"]), shared=False, size=e["nbytes"], dtype=torch.uint8) if e["nbytes"] \
+            else torch.empty(0, dtype=torch.uint8)
+        if not e["verified"] and zlib.crc32(buf.numpy()) != e["crc"]:
+            raise RuntimeError(f"client {client_id}'s state file {e['path']} is corrupt (crc32 mismatch); resume "
+                               "from an earlier run directory or start over")
+        e["verified"] = True
         offsets: list[tuple[int, torch.dtype, tuple]] = []
         _layout(e["spec"], offsets)
         tensors = [buf[p: p + d.itemsize * int(torch.Size(s).numel())].view(d).view(s).to(device, copy=True)
@@ -207,16 +203,16 @@ class ClientStateStore:
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self, materialize: bool | None = None) -> dict[str, Any]:
-        """Everything needed to restore the store. Spilled states are referenced by file (fsynced here), unless
-        ``materialize`` (default: only when the spill folder is temporary) embeds their data."""
-        if materialize is None:
-            materialize = self._temporary
-        states = {int(k): v for k, v in self._mem.items()}
-        if materialize or not self._disk:
-            states.update({int(k): self._read(k, "cpu") for k in self._disk})
-            self._pins = (self._pins[1], set())
-            self._collect()
-            return {"states": states}
+        """Everything needed to restore the store, for a checkpoint. With a spill folder every state is referenced by
+        file: in-memory states not yet on disk are written (and stay in memory), files are fsynced here and kept until
+        two later checkpoints no longer name them, so a checkpoint is small whatever the budget. ``materialize``
+        (default: without a spill folder, or a temporary one) embeds the data instead, e.g. to export a run."""
+        states = {int(k): v for k, (v, _) in self._mem.items()}
+        if self._temporary or self.spill_dir is None if materialize is None else materialize:
+            return {"states": {**{int(k): self._read(k, "cpu") for k in self._disk.keys() - states}, **states}}
+        for cid, (st, _) in self._mem.items():
+            if cid not in self._disk:
+                self._write(cid, st)
         for path in [*self._unsynced, self.spill_dir] if self._unsynced else []:
             fd = os.open(path, os.O_RDONLY)  # the files, then the folder's entries for them
             os.fsync(fd)
@@ -224,9 +220,8 @@ class ClientStateStore:
         self._unsynced.clear()
         self._pins = (self._pins[1], {e["path"] for e in self._disk.values()})
         self._collect()
-        spilled = {int(k): {"spec": e["spec"], "path": str(e["path"]), "nbytes": e["nbytes"], "crc": e["crc"]}
-                   for k, e in self._disk.items()}
-        return {"states": states, "spilled": spilled}
+        return {"states": {}, "spilled": {int(k): {"spec": e["spec"], "path": str(e["path"]), "nbytes": e["nbytes"],
+                                                   "crc": e["crc"]} for k, e in self._disk.items()}}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         for cid in self.ids():

@@ -142,7 +142,8 @@ def test_spilled_checkpoint_references_files_and_keeps_them(tmp_path):
     for cid in range(4):
         store.put(cid, rich_state(cid))
     d1 = _save_load(store.state_dict())
-    assert set(d1["spilled"]) == {0, 1, 2} and set(d1["states"]) == {3}
+    assert set(d1["spilled"]) == {0, 1, 2, 3} and d1["states"] == {}  # client 3 is written, and stays in memory
+    assert 3 in store._mem and store.mem_bytes == size(rich_state(3))
     old = {int(c): e["path"] for c, e in d1["spilled"].items()}
     store.put(0, rich_state(10))  # supersedes client 0's file, which checkpoint 1 still references
     assert all(os.path.exists(p) for p in old.values())
@@ -215,3 +216,20 @@ def test_scaffold_like_200_clients(tmp_path):
     assert len(store) == len(ref) > 150
     assert len(store._mem) == 30 and len(list(tmp_path.glob("*.bin"))) >= len(ref) - 30
     assert all(bitwise_equal(store.get(cid, "cpu"), ref[cid]) for cid in ref)
+
+
+def test_export_does_not_release_files_of_the_last_checkpoint(tmp_path):
+    store = ClientStateStore(budget_bytes=0, spill_dir=tmp_path)
+    store.put(0, rich_state(0))
+    d = store.state_dict()  # a checkpoint names client 0's file
+    store.state_dict(materialize=True)  # an export in between
+    store.put(0, rich_state(1))
+    store.state_dict()  # the next checkpoint; the first one may still be the newest complete one
+    assert os.path.exists(d["spilled"][0]["path"])
+
+
+def test_states_without_tensor_bytes(tmp_path):
+    store = ClientStateStore(budget_bytes=0, spill_dir=tmp_path)
+    store.put(1, {"step": 3, "empty": torch.zeros(0, 5)})
+    got = store.get(1, "cpu")
+    assert got["step"] == 3 and got["empty"].shape == (0, 5)
