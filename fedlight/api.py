@@ -14,7 +14,7 @@ from fedlight.errors import ConfigError, check
 from fedlight.rules import Algorithm
 
 PRECISIONS = ("32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed")
-_RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "tb", "final_model.pt")
+_RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "tb", "final_model.pt", "client_state")
 
 
 def fit(

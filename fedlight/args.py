@@ -77,6 +77,9 @@ class LoopConfig:
     """Test accuracies for rounds-to-target in summary.json, e.g. [0.55]."""
     state_device: Literal["cpu", "device"] = "cpu"
     """Where per-client state lives between rounds."""
+    state_budget_mb: float | None = None
+    """Keep at most this many MiB of per-client state in memory; the least recently stored states spill to files in
+    ``<out_dir>/client_state/rank<r>/``, which checkpoints reference instead of copying. null: all in memory."""
     on_nonfinite: Literal["stop", "skip_client"] = "stop"
     """A non-finite client loss/update: stop (keep the last good checkpoint, record diverged_at_round) or
     skip_client (drop that client's update for the round, count it, go on)."""
@@ -101,5 +104,7 @@ class LoopConfig:
         check(self.weight_decay >= 0, f"`loop.weight_decay` must be >= 0, got {self.weight_decay}")
         check(self.max_grad_norm is None or self.max_grad_norm > 0,
               f"`loop.max_grad_norm` must be positive or null, got {self.max_grad_norm}")
+        check(self.state_budget_mb is None or self.state_budget_mb >= 0,
+              f"`loop.state_budget_mb` must be >= 0 or null, got {self.state_budget_mb}")
         check(0 <= self.client_dropout < 1, f"`loop.client_dropout` must be in [0, 1), got {self.client_dropout}")
         check(all(0 < t <= 1 for t in self.targets), f"`loop.targets` must be accuracies in (0, 1], got {self.targets}")

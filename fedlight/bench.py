@@ -437,7 +437,8 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
             if r > 0:
                 ts[name].append(dt)
     diff = _max_diff(spilled.x, memory.x)
-    rss_rounds, peak_rounds, spilled_n = rss_now_mb(), peak_rss_mb(), len(spilled.store._disk)
+    rss_rounds, peak_rounds = rss_now_mb(), peak_rss_mb()
+    spilled_n, disk_bytes = len(spilled.store._disk), spilled.store.disk_bytes
     ckpt, ckpt_s = spill / "last.ckpt", []
     for i in range(2):  # the first checkpoint also writes the in-memory states to files; the second follows a round
         if i:
@@ -450,7 +451,7 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
     res = {"num_clients": num_clients, "state_mb_per_client": per_client / 2**20,
            "state_gb_total": per_client * num_clients / 1e9, "budget_mb": budget_mb,
            "in_memory_mb": spilled.store.mem_bytes / 2**20, "spilled_clients": spilled_n,
-           "disk_gb": spilled.store.disk_bytes / 1e9, "fill_s": fill_s,
+           "disk_gb": disk_bytes / 1e9, "fill_s": fill_s,
            "fill_gb_per_s": per_client * num_clients / 1e9 / fill_s,
            "round_s": med, "spill_cost_per_round_s": med["spilled"] - med["memory"],
            "store_get_ms": 1e3 * counters["get"][1] / max(n_get, 1),

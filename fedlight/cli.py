@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _load_plugins() -> None:
     """Subcommands living in other modules register themselves on import."""
-    for mod in ("fedlight.reproduce", "fedlight.tools_cli"):
+    for mod in ("fedlight.reproduce", "fedlight.tools_cli", "fedlight.bench"):
         try:
             __import__(mod)
         except ModuleNotFoundError as e:
@@ -192,5 +192,7 @@ def recipes_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "recipes"
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m fedlight.cli`: run the imported module, where plugins register
+    from fedlight.cli import main as _main
+
+    sys.exit(_main())

@@ -81,7 +81,10 @@ class FederatedLoop:
                     torch.distributed.broadcast(t.data, src=0)
         self.x = P.clone(self.live)
         self.buffers = P.clone(self.live_buffers)
-        self.store = ClientStateStore(self.device if cfg.state_device == "device" else "cpu")
+        budget = None if cfg.state_budget_mb is None else int(cfg.state_budget_mb * 2**20)
+        spill = self.out_dir / "client_state" / f"rank{fabric.global_rank}" if budget is not None else None
+        self.store = ClientStateStore(self.device if cfg.state_device == "device" else "cpu", budget_bytes=budget,
+                                      spill_dir=spill)
         self.server.setup(self.x)
         self.start_round = 0
         self._last_row: dict[str, Any] | None = None
@@ -109,7 +112,7 @@ class FederatedLoop:
         bc = self.server.broadcast(self.x, info, client_id)
         P.copy_(self.live_buffers, self.buffers)
         K = self.num_steps(client_id)
-        seed_client_torch(self.seed, info.round, client_id)
+        seed_client_torch(self.seed, info.round, client_id, self.device)
         optimizer = self.local.make_optimizer(list(self.live.values()), info.lr, self._opt_factory)
         ctx = LocalContext(broadcast=bc, optimizer=optimizer, lr=info.lr, num_steps=K, params=self.live,
                            client_id=client_id, round=info.round, state=self.store.get(client_id, self.device),
@@ -119,7 +122,7 @@ class FederatedLoop:
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         gen = client_generator(self.seed, info.round, client_id)
         for batch in self.data.client_batches(client_id, K, gen):
-            loss_sum += self.local.step(self.model, batch, ctx).double()
+            loss_sum.add_(self.local.step(self.model, batch, ctx))  # promotes in the kernel: no float64 temporary
         result = self.local.finish(self.model, ctx)
         result.num_samples = self.data.num_samples(client_id)
         result.metrics = {"train_loss": loss_sum / K, "delta_sqnorm": P.sqnorm(result.delta),

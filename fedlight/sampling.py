@@ -32,9 +32,17 @@ def client_generator(seed: int, round: int, client_id: int) -> torch.Generator:
     return torch.Generator().manual_seed(derive_seed(seed, round, client_id, _DATA))
 
 
-def seed_client_torch(seed: int, round: int, client_id: int) -> None:
-    """Seed torch's default generators (dropout etc.) for one client's round, identically on every rank."""
-    torch.manual_seed(derive_seed(seed, round, client_id, _TORCH))
+def seed_client_torch(seed: int, round: int, client_id: int, device: torch.device | str | None = None) -> None:
+    """Seed torch's default generators (dropout etc.) for one client's round, identically on every rank.
+
+    On a CPU ``device`` only the CPU generator is seeded: ``torch.manual_seed`` also queues a lazy CUDA seed that
+    captures a Python stack trace when CUDA is not initialised (0.2-1.5 ms per client, measured on 2 cores).
+    """
+    s = derive_seed(seed, round, client_id, _TORCH)
+    if device is not None and torch.device(device).type == "cpu":
+        torch.default_generator.manual_seed(s)
+    else:
+        torch.manual_seed(s)
 
 
 def assign_clients(clients: list[int], work: list[float], world_size: int) -> list[list[int]]:

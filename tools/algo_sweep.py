@@ -69,7 +69,8 @@ def write_table(root: Path, table: Path, args) -> None:
              "Settings: the recipe (100 clients, 10/round, 5 local epochs, batch 50, lr 0.1·0.998^r, wd 1e-3, "
              "clip 10) with rule defaults, except ρ per the FedWMSAM paper (0.01: FedSAM, FedGAMMA, FedLESAM*, "
              "FedWMSAM; 0.1: FedSMOO, MoFedSAM) and lr 1e-3 for Adam-type local optimizers. One seed (0).", "",
-             "| rule | test acc @ final round | best | median s/round | × FedAvg | paper (500 rounds, FMNIST Dir 0.1) |",
+             "| rule | test acc @ final round | best | median s/round | × FedAvg "
+             "| paper (500 rounds, FMNIST Dir 0.1) |",
              "|---|---|---|---|---|---|"]
     for name, s in rows.items():
         spr = s.get("seconds_per_round")

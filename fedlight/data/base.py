@@ -245,7 +245,7 @@ class FederatedDataModule:
     def to_input(self, x: Tensor) -> Tensor:
         """Float32 model input from stored samples: uint8 images are normalised, features only cast."""
         if self._scale is None:
-            return x.to(torch.float32)
+            return x if x.dtype == torch.float32 else x.to(torch.float32)
         return x.to(torch.float32) * self._scale + self._shift
 
     def client_batches(
@@ -275,10 +275,11 @@ class FederatedDataModule:
         params = aug.sample(total, generator).to(self.device) if aug is not None else None
         rows = idx[order.to(self.device)]
         for start, end in bounds:
-            x = self._train_x[rows[start:end]]
+            r = rows[start:end]
+            x = self._train_x[r]
             if aug is not None:
                 x = aug.apply(x, params[start:end])
-            yield self.to_input(x), self._train_y[rows[start:end]]
+            yield self.to_input(x), self._train_y[r]
 
     def test_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """Yield the global test set in ``eval_batch_size`` chunks: normalised, never augmented."""

@@ -36,7 +36,8 @@ def run(name, **kw):
 
 def test_fedavg():
     got, clients, theta, _ = run("fedavg")
-    want = reference(clients, theta, lambda i, y, x, r: grad(y, *clients[i]), lambda x, ds, r: lin((1, x), (1, mean(ds))))
+    want = reference(clients, theta, lambda i, y, x, r: grad(y, *clients[i]),
+                     lambda x, ds, r: lin((1, x), (1, mean(ds))))
     assert_params_close(got, want)
 
 

@@ -1,0 +1,64 @@
+"""tools/bench.py in its tiny mode: every section runs and reports; correctness only, never timing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedlight import bench
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_overhead_tiny_prints_a_ratio_line(capsys):
+    assert bench.main(["--tiny", "--workloads", "mlp,lenet5"]) == 0
+    out = capsys.readouterr().out
+    assert "overhead mlp: fedlight" in out and "ratio" in out and "overhead lenet5" in out
+    assert "vectorised mlp" in out and "command: python tools/bench.py --tiny" in out
+
+
+def test_fedlight_minimal_and_vmap_rounds_compute_the_same_model():
+    w = bench.Workload("mlp", clients=3, steps=4, batch=8)
+    res = bench.overhead(w, reps=2, warmup=1)
+    assert res["max_abs_diff_fedlight_vs_minimal"] < 1e-5  # same batches, same steps; fp32 reduction order only
+    assert res["max_abs_diff_vmap_vs_minimal"] < 1e-5
+    assert set(res["s_per_round"]) == {"fedlight", "minimal", "vmap"}
+
+
+def test_many_clients_tiny_spills_and_matches_in_memory():
+    res = bench.many_clients(num_clients=30, budget_mb=1.0, rounds=1, samples=2, clients_per_round=4)
+    assert res["spilled_clients"] > 20 and res["in_memory_mb"] <= 1.0
+    assert res["max_abs_diff_spilled_vs_memory"] == 0.0  # spilling changes where c_i lives, never its bits
+    assert res["peak_rss_mb"] > 0
+
+
+def test_gpu_section_says_when_it_cannot_run_and_its_code_runs_on_cpu():
+    import torch
+
+    res = bench.gpu(reps=1, warmup=0, algorithms=("fedavg",), clients=2, steps=2, batch=4)
+    assert ("skipped" in res) != torch.cuda.is_available()
+    cpu = bench.gpu(reps=1, warmup=0, algorithms=("fedavg", "fedsam"), clients=1, steps=1, batch=2, accelerator="cpu")
+    assert [r["algorithm"] for r in cpu["rows"]] == ["fedavg", "fedsam"] and "ratio" in cpu["rows"][0]
+    assert "s/round" in bench.report({"command": "x", "environment": bench.environment(), "gpu": cpu})
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="os.wait4 / gloo on CPU")
+def test_multiprocess_tiny_1_and_2_processes_agree(tmp_path):
+    res = bench.multiprocess(rounds=1, steps=2, workdir=str(tmp_path), tiny=True)
+    assert res["max_abs_diff_final_model"] < 1e-6
+    assert 0 <= res["eval_share"][1] <= 1 and res["rank0_peak_rss_mb"][2] > 0
+
+
+def test_cli_wrapper_help():
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "bench.py"), "--help"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and "--many-clients" in out.stdout
+
+
+def test_importing_the_module_registers_fedlight_bench():
+    from fedlight import cli
+
+    assert "bench" in cli.COMMANDS and "bench" in cli.USAGE
