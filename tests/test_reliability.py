@@ -79,29 +79,29 @@ def _fit(tmp, name, clients, **loop):
     data = TensorClients(clients, test=clients[0], batch_size=4)
     cfg = LoopConfig(**{"rounds": 3, "clients_per_round": 3, "local_steps": 3, "lr": 0.05, "progress": False,
                         **loop})
-    loop_obj = {}
     s = fedlight.fit(tiny_cnn(), data, fedlight.create("scaffold"), cfg, out_dir=str(tmp / name))
     rows = [json.loads(x) for x in (tmp / name / "metrics.jsonl").read_text().splitlines()]
-    return s, rows, loop_obj
+    return s, rows
 
 
 def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path):
-    clients = image_clients()
-    s, rows, _ = _fit(tmp_path, "d", clients, lr=1e30, max_grad_norm=None, rounds=5)
+    s, rows = _fit(tmp_path, "d", image_clients(), lr=1e30, max_grad_norm=None, rounds=5)
     assert s["diverged_at_round"] is not None
-    assert s["rounds_completed"] == s["diverged_at_round"] - 1
-    ckpt = torch.load(tmp_path / "d" / "checkpoints" / "last.ckpt", weights_only=True) if s["rounds_completed"] \
-        else None
-    if ckpt is not None:
+    assert s["rounds_completed"] == s["diverged_at_round"] - 1 == len(rows)
+    ckpt_path = tmp_path / "d" / "checkpoints" / "last.ckpt"
+    if s["rounds_completed"]:
+        ckpt = torch.load(ckpt_path, weights_only=True)
         assert ckpt["round"] == s["rounds_completed"]
         assert all(torch.isfinite(v).all() for v in ckpt["params"].values())
+    else:
+        assert not ckpt_path.exists()
     assert all(torch.isfinite(v).all() for v in _final(tmp_path / "d").values() if v.is_floating_point())
 
 
 def test_skip_client_drops_only_the_bad_client(tmp_path):
     clients = image_clients()
     clients[1] = (torch.full_like(clients[1][0], float("nan")), clients[1][1])  # client 1 yields NaN losses
-    s, rows, _ = _fit(tmp_path, "s", clients, on_nonfinite="skip_client", rounds=4)
+    s, rows = _fit(tmp_path, "s", clients, on_nonfinite="skip_client", rounds=4)
     assert "diverged_at_round" not in s
     for r, row in enumerate(rows):
         bad = 1 in sample_clients(4, 3, 0, r)
@@ -112,8 +112,8 @@ def test_skip_client_drops_only_the_bad_client(tmp_path):
 
 def test_client_dropout_is_seeded_and_leaves_state(tmp_path):
     p = 0.5
-    s1, rows1, _ = _fit(tmp_path, "a", image_clients(), client_dropout=p, rounds=4)
-    s2, rows2, _ = _fit(tmp_path, "b", image_clients(), client_dropout=p, rounds=4)
+    s1, rows1 = _fit(tmp_path, "a", image_clients(), client_dropout=p, rounds=4)
+    s2, rows2 = _fit(tmp_path, "b", image_clients(), client_dropout=p, rounds=4)
     assert _final(tmp_path / "a").keys() == _final(tmp_path / "b").keys()
     assert all(torch.equal(_final(tmp_path / "a")[k], _final(tmp_path / "b")[k]) for k in _final(tmp_path / "a"))
     for r, row in enumerate(rows1):
@@ -128,7 +128,7 @@ def test_client_dropout_is_seeded_and_leaves_state(tmp_path):
 def test_round_where_nobody_reports_leaves_model_unchanged(tmp_path):
     # find a round in which every sampled client fails
     p = 0.9
-    s, rows, _ = _fit(tmp_path, "n", image_clients(), client_dropout=p, rounds=3)
+    s, rows = _fit(tmp_path, "n", image_clients(), client_dropout=p, rounds=3)
     silent = [r for r in range(3) if all(client_fails(0, r, c, p) for c in sample_clients(4, 3, 0, r))]
     assert silent, "choose p so that at least one round is silent"
     for r in silent:
