@@ -119,19 +119,8 @@ class FashionMNIST(FederatedDataModule):
     _num_classes, _input_shape = 10, (1, 28, 28)
     mean, std = (0.2860,), (0.3530,)
 
-    def __init__(
-        self,
-        download: bool = False,
-        num_clients: int = 100,
-        batch_size: int = 50,
-        partition: Partitioner | None = None,
-        root: str | None = None,
-        subset: int | None = None,
-        test_subset: int | None = None,
-        augment: bool = True,
-        eval_batch_size: int = 1000,
-    ):
-        _common(self, locals())
+    def __init__(self, download: bool = False, **kwargs):
+        super().__init__(**kwargs)  # the common arguments (listed in the docstring)
         self.download = download
 
     def _load_all(self, train: bool) -> tuple[Tensor, Tensor]:
@@ -168,19 +157,8 @@ class CIFAR10(FederatedDataModule):
     pickle_dir, folders, label_key, title = "cifar-10-batches-py", ("cifar10-jpeg", "cifar10"), "labels", "CIFAR-10"
     pickle_files = {True: [f"data_batch_{i}" for i in range(1, 6)], False: ["test_batch"]}
 
-    def __init__(
-        self,
-        download: bool = False,
-        num_clients: int = 100,
-        batch_size: int = 50,
-        partition: Partitioner | None = None,
-        root: str | None = None,
-        subset: int | None = None,
-        test_subset: int | None = None,
-        augment: bool = True,
-        eval_batch_size: int = 1000,
-    ):
-        _common(self, locals())
+    def __init__(self, download: bool = False, **kwargs):
+        super().__init__(**kwargs)  # the common arguments (listed in the docstring)
         self.download = download
 
     def _download(self, root: Path) -> None:
@@ -260,16 +238,9 @@ class ImageFolder(FederatedDataModule):
         std: tuple[float, ...] | None = None,
         crop_padding: int = 4,
         flip: bool = True,
-        num_clients: int = 100,
-        batch_size: int = 50,
-        partition: Partitioner | None = None,
-        root: str | None = None,
-        subset: int | None = None,
-        test_subset: int | None = None,
-        augment: bool = True,
-        eval_batch_size: int = 1000,
+        **kwargs,
     ):
-        _common(self, locals())
+        super().__init__(**kwargs)  # the common arguments (listed in the docstring)
         if image_size is not None and (
             isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1
         ):
@@ -317,16 +288,9 @@ class TinyImageNet(FederatedDataModule):
     def __init__(
         self,
         dirname: str = "tiny-imagenet-200",
-        num_clients: int = 100,
-        batch_size: int = 50,
-        partition: Partitioner | None = None,
-        root: str | None = None,
-        subset: int | None = None,
-        test_subset: int | None = None,
-        augment: bool = True,
-        eval_batch_size: int = 1000,
+        **kwargs,
     ):
-        _common(self, locals())
+        super().__init__(**kwargs)  # the common arguments (listed in the docstring)
         self.dirname = dirname
 
     def _load(self, train: bool, keep: int | None, rng: np.random.Generator) -> tuple[Tensor, Tensor]:
