@@ -86,7 +86,7 @@ def test_sam_family_refuses_fp16(tmp_path):
 
 
 def _tiny_data():
-    from fedtest import image_clients
+    from fedtest import image_clients, tiny_cnn
 
     from fedlight.data import TensorClients
 
@@ -122,3 +122,32 @@ def _assert_equal(a, b):
             _assert_equal(x, y)
     else:
         assert a == b
+
+
+@pytest.mark.parametrize("name", [n for n in ALGOS if get_algorithm(n).backprops == 2])
+def test_two_backprop_rules_update_batchnorm_once_per_step(name):
+    """The perturbed second pass must not touch running statistics: after one local step they equal those of a
+    single train-mode forward pass at the starting point."""
+    import copy
+
+    from fedtest import image_clients, tiny_cnn
+
+    from fedlight.rules import Broadcast, LocalContext
+
+    model = tiny_cnn()
+    ref = copy.deepcopy(model).train()
+    algo = fedlight.create(name)
+    x = P.clone(P.trainable(model))
+    algo.server.setup(x)
+    info = fedlight.RoundInfo(round=0, lr=0.1, num_steps=1, num_clients=4, sampled=[0])
+    bc = algo.server.broadcast(x, info, 0)
+    batch = (image_clients()[0][0][:4], image_clients()[0][1][:4])
+    ctx = LocalContext(bc, torch.optim.SGD(model.parameters(), lr=0.1), 0.1, 1, P.trainable(model))
+    model.train()
+    algo.local.start(model, ctx)
+    algo.local.step(model, batch, ctx)
+    with torch.no_grad():
+        ref(batch[0])
+    for (k, b), (_, rb) in zip(model.named_buffers(), ref.named_buffers()):
+        assert torch.equal(b, rb), (name, k)
+    assert isinstance(bc, Broadcast)
