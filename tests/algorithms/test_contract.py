@@ -86,7 +86,7 @@ def test_sam_family_refuses_fp16(tmp_path):
 
 
 def _tiny_data():
-    from fedtest import image_clients, tiny_cnn
+    from fedtest import image_clients
 
     from fedlight.data import TensorClients
 

@@ -18,15 +18,6 @@ from fedlight.sampling import sample_clients
 LR = 0.1
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: intra-op threads only add contention on a shared CPU (≈10× slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def np_params(p):
     return {k: v.detach().cpu().double().numpy() for k, v in p.items()}
 

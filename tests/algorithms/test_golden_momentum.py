@@ -5,7 +5,6 @@ matches what is sent; argument ranges are validated."""
 
 import numpy as np
 import pytest
-import torch
 from fedtest import assert_params_close, grad, lin, linear_model, make_loop, norm, problem, run_rounds
 
 import fedlight
@@ -14,15 +13,6 @@ from fedlight.registry import get_algorithm
 from fedlight.sampling import sample_clients
 
 K, LR, R = 2, 0.1, 2
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: intra-op threads only add contention on a shared CPU (≈10× slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def np_params(p):
