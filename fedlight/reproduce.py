@@ -131,8 +131,6 @@ def flags(overrides: dict[str, Any]) -> list[str]:
 def shrink_overrides(text: str | None, spec: dict[str, Any], cell: Cell) -> dict[str, Any]:
     """``rounds=2,subset=512,test_subset=256`` (or any ``dotted.key=value``) → overrides; data keys the cell's
     data class does not take (Synthetic has no ``subset``) are skipped."""
-    import inspect
-
     import yaml
 
     out: dict[str, Any] = {}
@@ -145,8 +143,24 @@ def shrink_overrides(text: str | None, spec: dict[str, Any], cell: Cell) -> dict
         if k == "data" and isinstance(v, dict) and "class_path" in v:
             data = v
     mod, _, name = data.get("class_path", "").rpartition(".")
-    params = inspect.signature(getattr(__import__(mod, fromlist=[name]), name)).parameters if mod else {}
+    params = _init_params(getattr(__import__(mod, fromlist=[name]), name)) if mod else set()
     return {k: v for k, v in out.items() if not k.startswith("data.init_args.") or k.split(".")[2] in params}
+
+
+def _init_params(cls: type) -> set[str]:
+    """Constructor arguments of ``cls``, following ``**kwargs`` into the base classes (as jsonargparse does)."""
+    import inspect
+
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters
+        names |= {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and n != "self"}
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            break
+    return names
 
 
 # ------------------------------------------------------------------------------------------------ running
