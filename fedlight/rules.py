@@ -138,10 +138,11 @@ class LocalContext:
         for p in self.params.values():
             p.grad = None
 
-    def apply(self, clip: bool = True) -> None:
+    def apply(self, clip: bool = True, grads: list[Tensor] | None = None) -> None:
         """Step with the direction now in ``.grad``: clip (joint norm, unless ``clip=False`` because the rule
-        clipped an earlier quantity itself), optimizer step, clear grads, ``k += 1``."""
-        grads = list(self.grads().values())
+        clipped an earlier quantity itself), optimizer step, clear grads, ``k += 1``. ``grads``: the ``.grad``
+        tensors when the rule already holds them (saves rebuilding the list every step)."""
+        grads = list(self.grads().values()) if grads is None else grads
         self.lr_sum += self.optimizer.param_groups[0]["lr"]
         with torch.no_grad():
             P.joint_clip_(grads, self.max_grad_norm if clip else None)

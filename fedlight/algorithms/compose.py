@@ -115,7 +115,7 @@ class ComposedClient(LocalUpdateRule):
                 torch._foreach_mul_(d, self.grad_scale)
             for c in self.corrections:
                 c.add(ctx, d)
-        ctx.apply()
+        ctx.apply(grads=d)
         return loss if loss is not None else loss_e
 
     def finish(self, model: nn.Module, ctx: LocalContext) -> ClientResult:
