@@ -85,6 +85,13 @@ class LoopConfig:
     skip_client (drop that client's update for the round, count it, go on)."""
     client_dropout: float = 0.0
     """Probability that a sampled client fails to report (seeded by (seed, round, client)); its state is untouched."""
+    client_parallelism: Literal["sequential", "vmap"] = "sequential"
+    """sequential: each process trains its clients one after another on one model. vmap: it trains them together,
+    stacked along a client dimension (torch.func.vmap + functional_call; faster for small models, memory grows
+    with the chunk). Clients go together when their step count, batch sizes and state keys agree; rules that cannot
+    run stacked are refused before training."""
+    vmap_chunk: int | None = None
+    """vmap only: at most this many clients trained together (bounds memory); null: all of a group."""
     progress: bool = True
     """Show a progress bar (only when stderr is a terminal)."""
 
@@ -106,5 +113,7 @@ class LoopConfig:
               f"`loop.max_grad_norm` must be positive or null, got {self.max_grad_norm}")
         check(self.state_budget_mb is None or self.state_budget_mb >= 0,
               f"`loop.state_budget_mb` must be >= 0 or null, got {self.state_budget_mb}")
+        check(self.vmap_chunk is None or (isinstance(self.vmap_chunk, int) and self.vmap_chunk > 0),
+              f"`loop.vmap_chunk` must be a positive integer or null, got {self.vmap_chunk!r}")
         check(0 <= self.client_dropout < 1, f"`loop.client_dropout` must be in [0, 1), got {self.client_dropout}")
         check(all(0 < t <= 1 for t in self.targets), f"`loop.targets` must be accuracies in (0, 1], got {self.targets}")

@@ -94,6 +94,10 @@ class FederatedLoop:
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl")
         opt_cls = _import(cfg.optimizer)
         extra = {"momentum": cfg.momentum} if cfg.optimizer == "torch.optim.SGD" else {}
+        if cfg.client_parallelism == "vmap":
+            from fedlight.stacked import check_supported
+
+            check_supported(self.local, getattr(algorithm, "name", type(algorithm).__name__))
         self._opt_factory = lambda ps, lr: opt_cls(ps, lr=lr, weight_decay=cfg.weight_decay, **extra,
                                                   **cfg.optimizer_args)
 
@@ -129,6 +133,25 @@ class FederatedLoop:
                           **ctx.metrics, **result.metrics}
         return bc, result, ctx
 
+    def _train(self, mine: list[int], info: RoundInfo):
+        """Train this rank's clients; yields ``(cid, broadcast, result, state, float buffers)`` in client order
+        (sequential: each client's live buffers are read before the next client starts)."""
+        if self.cfg.client_parallelism == "sequential":
+            for cid in mine:
+                bc, res, ctx = self.run_client(cid, info)
+                yield cid, bc, res, ctx.state, P.float_buffers(self.model)
+            return
+        from fedlight.stacked import chunks, run_chunk
+
+        states = {c: self.store.get(c, self.device) for c in mine}
+        sig = {c: (self.num_steps(c), self.data.batch_sizes(c, self.num_steps(c)), _keys(states[c])) for c in mine}
+        done = {}
+        for part in chunks(mine, sig.__getitem__, self.cfg.vmap_chunk):
+            for item in run_chunk(self, part, info, [states[c] for c in part]):
+                done[item[0]] = item
+        for cid in mine:  # the sequential order, so float64 sums match the sequential run's
+            yield done.pop(cid)
+
     # ----------------------------------------------------------------------------------------- a round
     def run_round(self, r: int) -> dict[str, Any]:
         """Sample → train this rank's clients → all-reduce → server update. Returns the round's metrics row."""
@@ -145,8 +168,8 @@ class FederatedLoop:
         new_states: dict[int, dict] = {}
         skipped: list[int] = []
         x_start = self.x
-        for cid in mine:
-            bc, res, ctx = self.run_client(cid, info)
+        counts = {k: b.clone() for k, b in self.int_buffers.items()}
+        for cid, bc, res, state, buffers in self._train(mine, info):
             x_start = bc.params
             fault("train", r + 1)
             if not bool(P.is_finite(res.delta) & torch.isfinite(torch.as_tensor(res.metrics["train_loss"]))):
@@ -155,10 +178,10 @@ class FederatedLoop:
                 skipped.append(cid)  # skip_client: its update and state change are dropped
                 continue
             w = float(res.num_samples) if cfg.weighting == "samples" else 1.0
-            acc.add(res, w, P.float_buffers(self.model) if cfg.aggregate_buffers else {},
-                    bytes_down=bc.nbytes(), bytes_up=res.nbytes())
-            if ctx.state:
-                new_states[cid] = ctx.state
+            acc.add(res, w, buffers if cfg.aggregate_buffers else {}, bytes_down=bc.nbytes(), bytes_up=res.nbytes())
+            if state:
+                new_states[cid] = state
+        P.copy_(self.int_buffers, counts)  # clients' forward passes do not count; the round advances them below
         t_train = time.perf_counter()
         new_states, skipped, layout = self._exchange(new_states, skipped, acc)
         row: dict[str, Any] = {"round": r + 1, "lr": info.lr, "clients_reported": len(active) - len(skipped),
@@ -353,6 +376,11 @@ def _to(obj: Any, device) -> Any:
     if isinstance(obj, list):
         return [_to(v, device) for v in obj]
     return obj
+
+
+def _keys(state: dict[str, Any]) -> tuple:
+    """The nested key structure of a client state (clients stack only when theirs agree)."""
+    return tuple((k, _keys(v)) if isinstance(v, dict) else (k,) for k, v in sorted(state.items()))
 
 
 def _progress(cfg: LoopConfig, rank0: bool, start: int):

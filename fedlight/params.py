@@ -2,16 +2,51 @@
 
 Every helper works tensor-list-at-once through ``torch._foreach_*`` kernels, so a rule's math
 line costs a handful of kernel launches, not one per parameter tensor.
+
+Stacked mode (``with stacked():``, used by ``loop.client_parallelism: vmap``): every tensor carries a leading
+client dimension ``C``, and the reductions (``dot``, ``sqnorm``, ``norm``, ``cosine``, ``unit``, ``joint_clip_``)
+are taken per client, returning shape-``[C]`` tensors that ``scale``/``unit`` broadcast back per client. A rule
+written with these helpers therefore runs unchanged on C clients at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 
 Params = dict[str, Tensor]
+
+_STACKED = False
+
+
+@contextmanager
+def stacked() -> Iterator[None]:
+    """Within this block every tensor's dim 0 indexes clients and reductions are per client."""
+    global _STACKED
+    previous, _STACKED = _STACKED, True
+    try:
+        yield
+    finally:
+        _STACKED = previous
+
+
+def is_stacked() -> bool:
+    return _STACKED
+
+
+def _per_client(s: Tensor, like: Tensor) -> Tensor:
+    """A per-client ``[C]`` factor shaped to broadcast against a stacked ``[C, ...]`` tensor."""
+    return s.reshape(-1, *([1] * (like.dim() - 1)))
+
+
+def _norms(vals: list[Tensor]) -> Tensor:
+    """Per-tensor L2 norms: shape ``[T]``, or ``[T, C]`` in stacked mode."""
+    if _STACKED:
+        return torch.stack([torch.linalg.vector_norm(v.reshape(v.shape[0], -1), dim=1) for v in vals])
+    return torch.stack(torch._foreach_norm(vals))
 
 
 def trainable(model: nn.Module) -> Params:
@@ -51,8 +86,10 @@ def sub(a: Params, b: Params) -> Params:
     return dict(zip(a, torch._foreach_sub([v.detach() for v in a.values()], [b[k] for k in a])))
 
 
-def scale(a: Params, s: float) -> Params:
-    """``s·a`` as a new dict."""
+def scale(a: Params, s: float | Tensor) -> Params:
+    """``s·a`` as a new dict (``s`` may be a per-client ``[C]`` tensor in stacked mode)."""
+    if _STACKED and isinstance(s, Tensor) and s.dim() == 1:
+        return {k: v * _per_client(s, v).to(v.dtype) for k, v in a.items()}
     return dict(zip(a, torch._foreach_mul(list(a.values()), s)))
 
 
@@ -81,14 +118,16 @@ def scale_(a: Params, s: float) -> Params:
 
 
 def dot(a: Params, b: Params) -> Tensor:
-    """``⟨a, b⟩`` over all tensors, as a 0-dim tensor (no host sync)."""
+    """``⟨a, b⟩`` over all tensors, as a 0-dim tensor (no host sync); ``[C]`` in stacked mode."""
+    if _STACKED:
+        return sum((x.reshape(x.shape[0], -1) * b[k].reshape(x.shape[0], -1).to(x.dtype)).sum(1)
+                   for k, x in a.items())
     return sum((x.flatten() @ b[k].flatten().to(x.dtype) for k, x in a.items()), torch.zeros((), device=_dev(a)))
 
 
 def sqnorm(a: Params) -> Tensor:
-    """``‖a‖²`` (joint over all tensors), a 0-dim tensor."""
-    norms = torch._foreach_norm(list(a.values()))
-    return torch.stack(norms).double().square().sum()
+    """``‖a‖²`` (joint over all tensors), a 0-dim float64 tensor; ``[C]`` in stacked mode."""
+    return _norms(list(a.values())).double().square().sum(0)
 
 
 def norm(a: Params) -> Tensor:
@@ -107,7 +146,7 @@ def unit(a: Params, eps: float = 0.0) -> Params:
     """``a/‖a‖`` (``a/(‖a‖ + eps)`` when ``eps`` > 0); the zero vector when ``a`` is zero."""
     n = norm(a)
     inv = torch.where(n > 0, 1.0 / (n + eps).clamp_min(1e-300), torch.zeros_like(n))
-    return dict(zip(a, torch._foreach_mul(list(a.values()), inv.to(_dtype(a)))))
+    return scale(a, inv.to(_dtype(a)))
 
 
 def nbytes(p: Params) -> int:
@@ -157,8 +196,12 @@ def joint_clip_(grads: list[Tensor], max_norm: float | None) -> None:
     """Clip a list of gradients to a joint L2 norm ``max_norm`` in place (no host sync)."""
     if max_norm is None or not grads:
         return
-    total = torch.stack(torch._foreach_norm(grads)).norm()
+    total = _norms(grads).norm(dim=0)
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    if coef.device.type == "cpu" and bool(coef >= 1.0):
+    if coef.device.type == "cpu" and bool((coef >= 1.0).all()):
         return  # a multiply by exactly 1 changes no bit; on CPU the test costs no device sync
+    if _STACKED:
+        for g in grads:
+            g.mul_(_per_client(coef, g).to(g.dtype))
+        return
     torch._foreach_mul_(grads, coef.to(grads[0].dtype))

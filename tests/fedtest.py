@@ -111,11 +111,11 @@ def tiny_cnn(seed: int = 0):
     return SmallCNN(in_channels=1, num_classes=3, width=4, norm="batch")
 
 
-def contract_loop(name: str, rounds: int = 2, out_dir="unused", **kw) -> FederatedLoop:
+def contract_loop(name: str, rounds: int = 2, out_dir="unused", model: nn.Module | None = None, **kw) -> FederatedLoop:
     """The contract setting: 4 clients, 3 per round, minibatch 4, K = 3, 32-true, defaults of the rule."""
     import fedlight
 
     args = dict(local_steps=3, lr=0.05, clients_per_round=3, precision="32-true", weight_decay=1e-3,
                 max_grad_norm=10.0, batch_size=4, rounds=rounds, out_dir=out_dir)
     args.update(kw)
-    return make_loop(fedlight.create(name), image_clients(), tiny_cnn(), **args)
+    return make_loop(fedlight.create(name), image_clients(), model if model is not None else tiny_cnn(), **args)

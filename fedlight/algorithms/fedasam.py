@@ -30,7 +30,7 @@ class ASAMPerturbation(SAMPerturbation):
             Tg = {k: T[k] * g[k] for k in g}
             n = P.norm(Tg)
             coef = torch.where(n > 0, self.rho / n.clamp_min(1e-300), torch.zeros_like(n))
-            return {k: (T[k] * Tg[k]) * coef.to(g[k].dtype) for k in g}  # ρ·T²g/‖Tg‖
+            return P.scale({k: T[k] * Tg[k] for k in g}, coef.to(next(iter(g.values())).dtype))  # ρ·T²g/‖Tg‖
 
 
 @register("fedasam", paper="Caldarola et al., ECCV 2022", backprops=2, comm=(1, 1))

@@ -263,12 +263,8 @@ class FederatedDataModule:
         n, bs = len(idx), self.batch_size
         if num_steps <= 0:
             return
-        per_epoch = math.ceil(n / bs)
-        epochs = math.ceil(num_steps / per_epoch)
-        bounds = []
-        for s in range(num_steps):
-            e, k = divmod(s, per_epoch)
-            bounds.append((e * n + k * bs, e * n + min((k + 1) * bs, n)))
+        bounds = _step_bounds(n, bs, num_steps)
+        epochs = math.ceil(num_steps / math.ceil(n / bs))
         total = bounds[-1][1]
         order = torch.cat([torch.randperm(n, generator=generator) for _ in range(epochs)])[:total]
         aug = self.augmentation if self.augment else None
@@ -280,6 +276,11 @@ class FederatedDataModule:
             if aug is not None:
                 x = aug.apply(x, params[start:end])
             yield self.to_input(x), self._train_y[r]
+
+    def batch_sizes(self, client_id: int, num_steps: int) -> tuple[int, ...]:
+        """The sizes of the ``num_steps`` batches :meth:`client_batches` yields for ``client_id``."""
+        self._require_setup()
+        return tuple(b - a for a, b in _step_bounds(len(self._client_idx[client_id]), self.batch_size, num_steps))
 
     def test_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """Yield the global test set in ``eval_batch_size`` chunks: normalised, never augmented."""
@@ -332,3 +333,13 @@ class FederatedDataModule:
             f"min {present.min()} / mean {present.mean():.1f} / max {present.max()}"
         )
         return "\n".join(lines)
+
+
+def _step_bounds(n: int, bs: int, num_steps: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of each step's batch in the concatenation of epochs (each a permutation of ``n``)."""
+    per_epoch = math.ceil(n / bs)
+    bounds = []
+    for s in range(num_steps):
+        e, k = divmod(s, per_epoch)
+        bounds.append((e * n + k * bs, e * n + min((k + 1) * bs, n)))
+    return bounds

@@ -1,6 +1,7 @@
 """Run every registered rule for 2 rounds on N CPU processes (Fabric ddp, gloo); rank 0 saves the results.
 
-Usage: python mp_contract.py N OUT.pt   (the subprocess launcher re-runs this script for ranks ≥ 1)
+Usage: python mp_contract.py N OUT.pt [PARALLELISM [NAME ...]]   (the subprocess launcher re-runs this script for
+ranks ≥ 1; PARALLELISM is loop.client_parallelism, default sequential; NAMEs restrict the rules)
 """
 
 import sys
@@ -18,15 +19,16 @@ from fedlight.data import TensorClients  # noqa: E402
 from fedlight.loop import FederatedLoop  # noqa: E402
 
 
-def main(n: int, out: str) -> None:
+def main(n: int, out: str, parallelism: str = "sequential", *names: str) -> None:
     fabric = L.Fabric(accelerator="cpu", devices=n, strategy="ddp" if n > 1 else "auto", precision="32-true")
     fabric.launch()
     torch.set_num_threads(1)
     results = {}
-    for name in fedlight.list_algorithms():
+    for name in names or fedlight.list_algorithms():
         data = TensorClients(image_clients(), batch_size=4)
         data.setup(fabric.device, 0)
-        cfg = LoopConfig(rounds=2, clients_per_round=3, local_steps=3, lr=0.05, progress=False)
+        cfg = LoopConfig(rounds=2, clients_per_round=3, local_steps=3, lr=0.05, progress=False,
+                         client_parallelism=parallelism)
         loop = FederatedLoop(fabric, tiny_cnn(), data, fedlight.create(name), cfg, 0, Path("unused"))
         for r in range(2):
             loop.run_round(r)
@@ -37,4 +39,4 @@ def main(n: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2])
+    main(int(sys.argv[1]), *sys.argv[2:])
