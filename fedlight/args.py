@@ -92,6 +92,12 @@ class LoopConfig:
     run stacked are refused before training."""
     vmap_chunk: int | None = None
     """vmap only: at most this many clients trained together (bounds memory); null: all of a group."""
+    channels_last: bool = False
+    """Keep convolution weights and 4-D input batches in channels-last memory format (faster tensor-core
+    convolutions on GPU; no effect on the math)."""
+    compile: bool | str = False
+    """torch.compile the model (sequential training only): true uses the default backend (inductor); a string
+    names a backend (e.g. "aot_eager"). The first rounds pay the compilation."""
     progress: bool = True
     """Show a progress bar (only when stderr is a terminal)."""
 
@@ -115,5 +121,7 @@ class LoopConfig:
               f"`loop.state_budget_mb` must be >= 0 or null, got {self.state_budget_mb}")
         check(self.vmap_chunk is None or (isinstance(self.vmap_chunk, int) and self.vmap_chunk > 0),
               f"`loop.vmap_chunk` must be a positive integer or null, got {self.vmap_chunk!r}")
+        check(not (self.compile and self.client_parallelism == "vmap"),
+              "`loop.compile` works with `loop.client_parallelism: sequential` only; set one of them back")
         check(0 <= self.client_dropout < 1, f"`loop.client_dropout` must be in [0, 1), got {self.client_dropout}")
         check(all(0 < t <= 1 for t in self.targets), f"`loop.targets` must be accuracies in (0, 1], got {self.targets}")

@@ -4,8 +4,8 @@ Entry point: ``python tools/bench.py [sections] [options]`` (``--help``). Sectio
 
 * ``--overhead`` (default): the same FedAvg workload, in one process and interleaved round by round, through
   fedlight's real :class:`~fedlight.loop.FederatedLoop` and through :class:`MinimalFedAvg` (below); seconds per
-  round of each (median after warm-up), their ratio, and a vectorised (``torch.func.vmap``) hand-written round
-  for the speedup fedlight could get from batching clients (fedlight has no vectorised path yet).
+  round of each (median after warm-up), their ratio, and the same loop with ``loop.client_parallelism: vmap``
+  (all clients of the round stacked, :mod:`fedlight.stacked`) for the vectorised-client speedup.
 * ``--multiprocess``: ``fedlight fit`` in subprocesses with ``--devices 1`` and ``--devices 2`` on an MLP /
   Fashion-MNIST recipe (Synthetic when ``FEDLIGHT_DATA`` is unset): speedup, eval share of the run time, peak
   RSS, and the max |difference| of the final models.
@@ -181,53 +181,9 @@ class MinimalFedAvg:
         return loss_sum / (w.steps * len(self.clients))
 
 
-class VmapFedAvg:
-    """The same round with all clients stacked: ``vmap(grad(loss))`` over per-client parameter copies.
-
-    Per step: per-client gradients, per-client joint clip, ``d = g + wd·p`` (SGD's coupled decay after the clip),
-    ``p -= lr·d``. Exact FedAvg, different floating-point order. Models without buffers only (MLP, LeNet-5).
-    """
-
-    def __init__(self, model: nn.Module, clients, w: Workload, device: torch.device) -> None:
-        from torch.func import functional_call, grad, vmap
-
-        self.model, self.w, self.device = model.to(device), w, device
-        self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        self.x = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
-        self.X = torch.stack([x for x, _ in clients]).to(device)
-        self.Y = torch.stack([y for _, y in clients]).to(device)
-
-        def loss_fn(params, xb, yb):
-            return F.cross_entropy(functional_call(self.model, params, (xb,)), yb)
-
-        self.grad = vmap(grad(loss_fn))
-
-    def round(self, r: int) -> None:
-        from fedlight.sampling import client_generator
-
-        w, C, n = self.w, self.X.shape[0], self.X.shape[1]
-        order = torch.stack([torch.randperm(n, generator=client_generator(w.seed, r, c)) for c in range(C)])
-        order = order.to(self.device)
-        X = torch.stack([self.X[c, order[c]] for c in range(C)])  # each client's epoch in its own order
-        Y = torch.stack([self.Y[c, order[c]] for c in range(C)])
-        P = {k: v.unsqueeze(0).repeat(C, *[1] * v.dim()) for k, v in self.x.items()}
-        plist = [P[k] for k in self.names]
-        for s in range(w.steps):
-            sl = slice(s * w.batch, (s + 1) * w.batch)
-            g = self.grad(P, X[:, sl], Y[:, sl])
-            glist = [g[k] for k in self.names]
-            with torch.no_grad():
-                if w.max_grad_norm is not None:
-                    sq = torch.stack([t.flatten(1).square().sum(1) for t in glist]).sum(0)
-                    coef = (w.max_grad_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
-                    torch._foreach_mul_(glist, [coef.view(-1, *[1] * (t.dim() - 1)) for t in glist])
-                torch._foreach_add_(glist, plist, alpha=w.weight_decay)
-                torch._foreach_add_(plist, glist, alpha=-w.lr)
-        self.x = {k: v.mean(0) for k, v in P.items()}  # equal client sizes: Σ n_i y_i / Σ n_i = mean
-
-
 def fedlight_loop(model: nn.Module, clients, w: Workload, accelerator: str = "cpu", precision: str = "32-true",
-                  algorithm: str = "fedavg", out_dir: str | None = None, data=None):
+                  algorithm: str = "fedavg", out_dir: str | None = None, data=None, parallelism: str = "sequential",
+                  **loop_kwargs):
     """A real :class:`FederatedLoop` (FedAvg by default) on ``TensorClients`` holding the same tensors."""
     import lightning as L
 
@@ -241,7 +197,8 @@ def fedlight_loop(model: nn.Module, clients, w: Workload, accelerator: str = "cp
         data = TensorClients(clients, batch_size=w.batch, num_classes=w.num_classes)
     data.setup(fabric.device, w.seed)
     cfg = LoopConfig(rounds=10**6, clients_per_round=w.clients, local_steps=w.steps, lr=w.lr,
-                     weight_decay=w.weight_decay, max_grad_norm=w.max_grad_norm, progress=False)
+                     weight_decay=w.weight_decay, max_grad_norm=w.max_grad_norm, progress=False,
+                     client_parallelism=parallelism, **loop_kwargs)
     out = Path(out_dir or tempfile.mkdtemp(prefix="fedlight-bench-"))
     return FederatedLoop(fabric, model, data, fedlight.create(algorithm), cfg, w.seed, out)
 
@@ -263,18 +220,18 @@ def _max_diff(a: list[torch.Tensor] | dict, b: list[torch.Tensor] | dict) -> flo
 # ------------------------------------------------------------------------------------------------- sections
 def overhead(w: Workload, reps: int = 5, warmup: int = 2, vectorised: bool = True, accelerator: str = "cpu",
              precision: str = "32-true") -> dict[str, Any]:
-    """Interleaved rounds: for r in warm-up + reps: a fedlight round, a minimal round (, a vmap round)."""
+    """Interleaved rounds: for r in warm-up + reps: a fedlight round, a minimal round (, a fedlight vmap round)."""
     clients = w.data()
     loop = fedlight_loop(w.model(), clients, w, accelerator, precision)
     device = loop.device
     minimal = MinimalFedAvg(w.model(), clients, w, device, bf16=precision == "bf16-mixed")
-    vm = VmapFedAvg(w.model(), clients, w, device) if vectorised else None
+    vm = fedlight_loop(w.model(), clients, w, accelerator, precision, parallelism="vmap") if vectorised else None
     times: dict[str, list[tuple[float, float]]] = {"fedlight": [], "minimal": [], "vmap": []}
     for r in range(warmup + reps):
         t = {"fedlight": _timed(lambda: loop.run_round(r), device),
              "minimal": _timed(lambda: minimal.round(r), device)}
         if vm is not None:
-            t["vmap"] = _timed(lambda: vm.round(r), device)
+            t["vmap"] = _timed(lambda: vm.run_round(r), device)
         if r >= warmup:
             for k, v in t.items():
                 times[k].append(v)
@@ -288,8 +245,10 @@ def overhead(w: Workload, reps: int = 5, warmup: int = 2, vectorised: bool = Tru
            "max_abs_diff_fedlight_vs_minimal": _max_diff(loop.x, minimal.x),
            "peak_rss_mb": peak_rss_mb()}
     if vm is not None:
-        res["vmap_speedup"] = med["minimal"] / med["vmap"]
-        res["max_abs_diff_vmap_vs_minimal"] = _max_diff([vm.x[k] for k in vm.names], minimal.x)
+        res["vmap_speedup"] = med["fedlight"] / med["vmap"]
+        res["vmap_speedup_vs_minimal"] = med["minimal"] / med["vmap"]
+        res["max_abs_diff_vmap_vs_minimal"] = _max_diff(vm.x, minimal.x)
+        shutil.rmtree(vm.out_dir, ignore_errors=True)
     shutil.rmtree(loop.out_dir, ignore_errors=True)
     return res
 
@@ -467,7 +426,11 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
     return res
 
 
-def gpu(reps: int = 5, warmup: int = 2, algorithms: tuple[str, ...] = ("fedavg", "fedsam"),
+GPU_VARIANTS = ("fedavg", "fedavg+channels_last", "fedavg+vmap", "fedsam", "fedsam+channels_last")
+"""Rows of the GPU section: ``algorithm[+channels_last|+vmap|+compile]``."""
+
+
+def gpu(reps: int = 5, warmup: int = 2, algorithms: tuple[str, ...] = GPU_VARIANTS,
         clients: int = 10, steps: int = 50, batch: int = 50, accelerator: str = "cuda") -> dict[str, Any]:
     """ResNet-18-CIFAR (CIFAR-100 shapes), bf16-mixed: s/round, MFU vs an H100's dense bf16 peak, peak memory.
 
@@ -492,13 +455,16 @@ def gpu(reps: int = 5, warmup: int = 2, algorithms: tuple[str, ...] = ("fedavg",
         except (OSError, subprocess.SubprocessError):
             res["nvidia_smi"] = "nvidia-smi unavailable"
     samples = clients * steps * batch
-    for algo in algorithms:
+    for variant in algorithms:
+        algo, *switches = variant.split("+")
+        kw = {"channels_last": "channels_last" in switches, "compile": "compile" in switches,
+              "parallelism": "vmap" if "vmap" in switches else "sequential"}
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         clients_data = w.data()
-        loop = fedlight_loop(w.model(), clients_data, w, accelerator, "bf16-mixed", algo)
+        loop = fedlight_loop(w.model(), clients_data, w, accelerator, "bf16-mixed", algo, **kw)
         dev = loop.device
-        ms = MinimalFedAvg(w.model(), clients_data, w, dev, bf16=True) if algo == "fedavg" else None
+        ms = MinimalFedAvg(w.model(), clients_data, w, dev, bf16=True) if variant == "fedavg" else None
         tf, tm = [], []
         for r in range(warmup + reps):
             a = _timed(lambda: loop.run_round(r), dev)[0]
@@ -509,7 +475,7 @@ def gpu(reps: int = 5, warmup: int = 2, algorithms: tuple[str, ...] = ("fedavg",
                     tm.append(b)
         s = statistics.median(tf)
         flops = samples * RESNET18_CIFAR_FLOP * (2 if algo == "fedsam" else 1)  # SAM: two fwd+bwd per step
-        row = {"algorithm": algo, "s_per_round": s, "tflops": flops / s / 1e12, "mfu_h100_bf16": flops / s /
+        row = {"algorithm": variant, "s_per_round": s, "tflops": flops / s / 1e12, "mfu_h100_bf16": flops / s /
                H100_BF16_PEAK, "peak_gpu_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else 0.0}
         if tm:
             row["minimal_s_per_round"] = statistics.median(tm)
@@ -533,8 +499,10 @@ def _fmt_overhead(o: dict[str, Any]) -> list[str]:
              f"{statistics.median(pc):.3f} [{q(pc, 0.25):.3f}-{q(pc, 0.75):.3f}]; max |x_fedlight - x_minimal| "
              f"{o['max_abs_diff_fedlight_vs_minimal']:.2e})"]
     if "vmap" in s:
-        lines.append(f"vectorised {o['workload']}: vmap {s['vmap']:.4f} s/round, speedup over minimal "
-                     f"{o['vmap_speedup']:.2f}x (max |x_vmap - x_minimal| {o['max_abs_diff_vmap_vs_minimal']:.2e})")
+        lines.append(f"vectorised {o['workload']}: fedlight loop.client_parallelism=vmap {s['vmap']:.4f} s/round, "
+                     f"speedup {o['vmap_speedup']:.2f}x over fedlight sequential, "
+                     f"{o['vmap_speedup_vs_minimal']:.2f}x over minimal "
+                     f"(max |x_vmap - x_minimal| {o['max_abs_diff_vmap_vs_minimal']:.2e})")
     return lines
 
 

@@ -69,6 +69,11 @@ class FederatedLoop:
         self.out_dir = Path(out_dir)
         self.device = fabric.device
         self.model = fabric.strategy.precision.convert_module(model).to(self.device)
+        if cfg.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+            data.memory_format = torch.channels_last
+        if cfg.compile:
+            self.model.compile(**({} if cfg.compile is True else {"backend": cfg.compile}))
         self.local, self.server = algorithm.local, algorithm.server
         self.live = P.trainable(self.model)
         self.live_buffers = P.float_buffers(self.model)

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from lightning.fabric.plugins.precision import MixedPrecision
 from torch.func import functional_call, vmap
 
 from fedlight import params as P
@@ -67,15 +68,17 @@ class StackedContext(LocalContext):
     def loss(self, model: nn.Module, batch: Any) -> Tensor:
         """Per-client losses, shape ``[C]``."""
         precision = None if self.fabric is None else self.fabric.strategy.precision
-        if precision is not None:
-            batch = precision.convert_input(batch)
+        if precision is not None and not isinstance(precision, MixedPrecision):
+            batch = precision.convert_input(batch)  # e.g. float64 for 64-true
+        # Mixed precision leaves inputs in float32: under vmap, autocast does not cast a batched float32 weight
+        # to meet an input already cast to bf16/fp16 (conv2d dtype error); autocast casts both itself.
         objective = self.objective
 
         def one(p: Params, b: Params, batch_c: Any) -> Tensor:
-            return objective(_Bound(model, p, b), batch_c)
+            with precision.forward_context() if precision is not None else nullcontext():
+                return objective(_Bound(model, p, b), batch_c)
 
-        with precision.forward_context() if precision is not None else nullcontext():
-            return vmap(one, randomness="different")(self.params, self.buffers, batch)
+        return vmap(one, randomness="different")(self.params, self.buffers, batch)
 
     def forward_backward(self, model: nn.Module, batch: Any) -> Tensor:
         """Per-client losses ``[C]``; every client's gradient lands in its slice of ``.grad``."""

@@ -40,8 +40,9 @@ def test_gpu_section_says_when_it_cannot_run_and_its_code_runs_on_cpu():
 
     res = bench.gpu(reps=1, warmup=0, algorithms=("fedavg",), clients=2, steps=2, batch=4)
     assert ("skipped" in res) != torch.cuda.is_available()
-    cpu = bench.gpu(reps=1, warmup=0, algorithms=("fedavg", "fedsam"), clients=1, steps=1, batch=2, accelerator="cpu")
-    assert [r["algorithm"] for r in cpu["rows"]] == ["fedavg", "fedsam"] and "ratio" in cpu["rows"][0]
+    variants = ("fedavg", "fedavg+channels_last", "fedavg+vmap", "fedsam")
+    cpu = bench.gpu(reps=1, warmup=0, algorithms=variants, clients=2, steps=1, batch=2, accelerator="cpu")
+    assert [r["algorithm"] for r in cpu["rows"]] == list(variants) and "ratio" in cpu["rows"][0]
     assert "s/round" in bench.report({"command": "x", "environment": bench.environment(), "gpu": cpu})
 
 

@@ -242,11 +242,18 @@ class FederatedDataModule:
         return math.ceil(self.num_samples(client_id) / self.batch_size)
 
     # ------------------------------------------------------------------ batches
+    memory_format: torch.memory_format = torch.contiguous_format
+    """Layout of 4-D input batches (the loop sets ``torch.channels_last`` for ``loop.channels_last``)."""
+
     def to_input(self, x: Tensor) -> Tensor:
         """Float32 model input from stored samples: uint8 images are normalised, features only cast."""
         if self._scale is None:
-            return x if x.dtype == torch.float32 else x.to(torch.float32)
-        return x.to(torch.float32) * self._scale + self._shift
+            x = x if x.dtype == torch.float32 else x.to(torch.float32)
+        else:
+            x = x.to(torch.float32) * self._scale + self._shift
+        if x.dim() == 4 and self.memory_format is not torch.contiguous_format:
+            x = x.contiguous(memory_format=self.memory_format)
+        return x
 
     def client_batches(
         self, client_id: int, num_steps: int, generator: torch.Generator
