@@ -130,3 +130,15 @@ def test_two_processes_with_vmap_equal_one_sequential(tmp_path):
         want = {**{f"x.{k}": v for k, v in loop.x.items()}, **{f"b.{k}": v for k, v in loop.buffers.items()}}
         for k, v in want.items():
             torch.testing.assert_close(got[name][k], v, rtol=0, atol=1e-6, msg=f"{name}: {k}")
+
+
+def test_vmap_runs_under_bf16_autocast():
+    """Mixed precision inside vmap: autocast really runs (results differ from 32-true) and tracks sequential."""
+    out = {}
+    for precision, mode in (("bf16-mixed", "sequential"), ("bf16-mixed", "vmap"), ("32-true", "vmap")):
+        loop = contract_loop("fedsam", precision=precision, client_parallelism=mode)
+        loop.run_round(0)
+        out[(precision, mode)] = P.flatten(loop.x)
+    seq, vec, fp32 = out[("bf16-mixed", "sequential")], out[("bf16-mixed", "vmap")], out[("32-true", "vmap")]
+    assert float((vec - fp32).abs().max()) > 1e-6
+    torch.testing.assert_close(vec, seq, rtol=0, atol=1e-2)
