@@ -164,6 +164,25 @@ def _init_params(cls: type) -> set[str]:
 
 
 # ------------------------------------------------------------------------------------------------ running
+IDENTITY = ("base", "flags")
+"""The keys of a run's ``reproduce.json`` that say what experiment it is (``execution`` may differ on resume)."""
+
+EXECUTION_FLAGS = ("--loop.client_parallelism", "--loop.vmap_chunk", "--loop.channels_last", "--loop.compile",
+                   "--loop.state_budget_mb", "--loop.state_device", "--loop.save_every", "--loop.progress",
+                   "--devices", "--num_nodes", "--accelerator")
+"""``fedlight fit`` flags that change how a run executes, not what it computes (up to floating-point order)."""
+
+
+def execution_args(text: str | None) -> list[str]:
+    """Parse ``--fit-args``; only :data:`EXECUTION_FLAGS` are allowed (they do not change a cell's experiment)."""
+    args = shlex.split(text or "")
+    for a in args:
+        if a.startswith("--") and a.split("=", 1)[0] not in EXECUTION_FLAGS:
+            raise ConfigError(f"`--fit-args`: {a.split('=', 1)[0]} changes the experiment, not how it runs; put it in "
+                              f"the table spec (or use --shrink). Allowed: {', '.join(EXECUTION_FLAGS)}")
+    return args
+
+
 @dataclass
 class Run:
     cell: Cell
@@ -174,21 +193,26 @@ class Run:
 
     def valid(self) -> bool:
         mark = self.path / "reproduce.json"
-        return not mark.is_file() or json.loads(mark.read_text()) == self.record
+        if not mark.is_file():
+            return True
+        made = json.loads(mark.read_text())
+        return {k: made.get(k) for k in IDENTITY} == {k: self.record.get(k) for k in IDENTITY}
 
     def done(self) -> bool:
         return self.valid() and rep.finished(self.path)
 
 
-def plan(spec, cs: list[Cell], seeds: list[int], out: Path, shrink: str | None) -> list[Run]:
+def plan(spec, cs: list[Cell], seeds: list[int], out: Path, shrink: str | None,
+         execution: list[str] | None = None) -> list[Run]:
     runs = []
     for c in cs:
         fl = flags({**c.overrides, **shrink_overrides(shrink, spec, c)})
         for k in seeds:
             path = out / c.run_key / f"seed{k}"
             argv = ["fit", "--config", str(base_path(spec)), *fl, "--seed", str(k), "--out_dir", str(path),
-                    "--resume", "auto"]
-            runs.append(Run(c, k, path, argv, {"base": spec["base"], "flags": [*fl, "--seed", str(k)]}))
+                    "--resume", "auto", *(execution or [])]
+            runs.append(Run(c, k, path, argv, {"base": spec["base"], "flags": [*fl, "--seed", str(k)],
+                                               "execution": list(execution or [])}))
     return runs
 
 
@@ -260,6 +284,9 @@ def cmd_reproduce(argv: list[str]) -> int:
     p.add_argument("--shrink", default=None, help="e.g. rounds=2,subset=512,test_subset=256 (or dotted.key=value)")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (separate processes)")
     p.add_argument("--out", default=None, help="output folder (default runs/tables/<spec>[_shrink-...])")
+    p.add_argument("--fit-args", default=None, help="extra `fedlight fit` flags that change how runs execute, not "
+                   "what they compute, e.g. \"--loop.client_parallelism vmap\" or \"--devices 2\"; an interrupted "
+                   "run may resume with other ones")
     p.add_argument("--dry-run", action="store_true", help="print the fit commands and stop")
     p.add_argument("--table-only", action="store_true", help="run nothing; rebuild table.md/csv from finished runs")
     a = p.parse_args(argv)
@@ -273,7 +300,7 @@ def cmd_reproduce(argv: list[str]) -> int:
     pats = [s.strip() for s in a.cells.split(",") if s.strip()]
     todo = [c for c in every if any(fnmatch.fnmatchcase(c.name, pt) for pt in pats)]
     check(len(todo) > 0, f"`--cells {a.cells}` matches none of: {', '.join(c.name for c in every)}")
-    runs = plan(spec, every, seeds, out, a.shrink)
+    runs = plan(spec, every, seeds, out, a.shrink, execution_args(a.fit_args))
     chosen = [r for r in runs if any(r.cell is c for c in todo)]
     if a.dry_run:
         print("\n".join(shlex.join(["fedlight", *r.argv]) for r in {r.path: r for r in chosen}.values()))

@@ -99,7 +99,7 @@ def test_columns_without_overrides_share_their_rows_runs(tmp_path):
     t4 = reproduce.cells(reproduce.load_spec(reproduce.find_spec("fednsam_table4")))
     assert {c.run_key for c in t4 if c.row == "fednsam"} == {"fednsam/dir0.6_to55", "fednsam/dir0.1_to45"}
     t1 = reproduce.cells(reproduce.load_spec(reproduce.find_spec("fedwmsam_table1")))
-    assert len({c.run_key for c in t1}) == len(t1) == 12 * 12
+    assert len({c.run_key for c in t1}) == len(t1) == 12 * 13  # 12 paper columns + the partition diagnostic
 
 
 def write_spec(path: Path, mu: float = 0.01) -> Path:
@@ -200,6 +200,27 @@ def test_dry_run_prints_resumable_commands(tmp_path, capsys):
     assert "--seed 1" in lines[1] and "--resume auto" in lines[1] and "FedProx" in lines[1]
     assert f"{tmp_path / 'o' / 'fedprox' / 'synthetic' / 'seed1'}" in lines[1]
     assert not (tmp_path / "o").exists()
+
+
+def test_fit_args_change_execution_not_identity(tmp_path, capsys):
+    """--fit-args: execution-only flags reach every command; a run started without them resumes with them."""
+    spec = write_spec(tmp_path / "quick.yaml")
+    out = tmp_path / "o"
+    assert main(["reproduce", str(spec), "--cells", "fedavg/*", "--dry-run", "--out", str(out),
+                 "--fit-args", "--loop.client_parallelism vmap --devices 1"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.endswith("--resume auto --loop.client_parallelism vmap --devices 1"), line
+    s = reproduce.load_spec(spec)
+    cell = reproduce.cells(s)[0]
+    plain = reproduce.plan(s, [cell], [0], out, None)[0]
+    fast = reproduce.plan(s, [cell], [0], out, None, reproduce.execution_args("--loop.client_parallelism vmap"))[0]
+    plain.path.mkdir(parents=True)
+    (plain.path / "reproduce.json").write_text(json.dumps(plain.record))
+    assert fast.valid() and fast.record["execution"] == ["--loop.client_parallelism", "vmap"]
+    other = reproduce.plan({**s, "base": "recipes/fedavg_mlp_fmnist_dir0.1.yaml"}, [cell], [0], out, None)[0]
+    assert not other.valid()  # a different experiment in the same folder is still a conflict
+    with pytest.raises(ConfigError, match=r"--fit-args.*--loop.lr changes the experiment"):
+        reproduce.execution_args("--loop.lr 0.2")
 
 
 def check_png(path: Path) -> None:
