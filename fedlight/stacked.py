@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import Tensor, nn
 from lightning.fabric.plugins.precision import MixedPrecision
+from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from fedlight import params as P
