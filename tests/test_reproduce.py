@@ -57,6 +57,11 @@ def test_rounds_to_target_on_a_hand_made_curve(tmp_path):
     assert report.metric_value(run, "final_train_loss") == pytest.approx(2.0 / 6)
     with pytest.raises(ConfigError, match="unknown metric"):
         report.metric_value(run, "final_acc")
+    # mean over the last k evaluations (round 2 has none): (0.45 + 0.72 + 0.80) / 3, then all four
+    assert report.metric_value(run, "last_test_acc:3") == pytest.approx(100 * (0.45 + 0.72 + 0.80) / 3)
+    assert report.metric_value(run, "last_test_acc:10") == pytest.approx(100 * (0.10 + 0.50 + 0.45 + 0.72 + 0.80) / 5)
+    with pytest.raises(ConfigError, match="last_test_acc:10"):
+        report.metric_value(run, "last_test_acc:x")
 
 
 def test_stats_and_paper_numbers():
