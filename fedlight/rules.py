@@ -118,12 +118,16 @@ class LocalContext:
             return self.objective(model, precision.convert_input(batch))
 
     def forward_backward(self, model: nn.Module, batch: Any) -> Tensor:
-        """Loss at the current parameters; leaves the true-scale gradient ``g`` in ``.grad``."""
+        """Loss at the current parameters; leaves the true-scale gradient ``g`` in ``.grad``.
+
+        A loss with a client dimension (stacked clients, :mod:`fedlight.stacked`) is summed for the backward: clients
+        share no parameter, so each one's gradient lands in its own slice."""
         loss = self.loss(model, batch)
+        total = loss if loss.dim() == 0 else loss.sum()
         if self.fabric is None:
-            loss.backward()
+            total.backward()
         else:
-            self.fabric.backward(loss)
+            self.fabric.backward(total)
             self.fabric.strategy.precision.unscale_gradients(self.optimizer)
         return loss.detach()
 

@@ -80,17 +80,6 @@ class StackedContext(LocalContext):
 
         return vmap(one, randomness="different")(self.params, self.buffers, batch)
 
-    def forward_backward(self, model: nn.Module, batch: Any) -> Tensor:
-        """Per-client losses ``[C]``; every client's gradient lands in its slice of ``.grad``."""
-        losses = self.loss(model, batch)
-        total = losses.sum()
-        if self.fabric is None:
-            total.backward()
-        else:
-            self.fabric.backward(total)
-            self.fabric.strategy.precision.unscale_gradients(self.optimizer)
-        return losses.detach()
-
 
 # ------------------------------------------------------------------------------------- stacking helpers
 def stack_tree(items: Sequence[Any], what: str) -> Any:
