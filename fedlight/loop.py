@@ -149,7 +149,7 @@ class FederatedLoop:
         from fedlight.stacked import chunks, run_chunk
 
         states = {c: self.store.get(c, self.device) for c in mine}
-        sig = {c: (self.num_steps(c), self.data.batch_sizes(c, self.num_steps(c)), _keys(states[c])) for c in mine}
+        sig = {c: (self.data.batch_sizes(c, self.num_steps(c)), _keys(states[c])) for c in mine}  # sizes fix K too
         done = {}
         for part in chunks(mine, sig.__getitem__, self.cfg.vmap_chunk):
             for item in run_chunk(self, part, info, [states[c] for c in part]):

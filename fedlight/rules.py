@@ -171,6 +171,9 @@ class LocalUpdateRule:
 
     needs_true_grad_norm: bool = False
     """True for rules that take gradient norms (SAM family): they refuse ``16-mixed`` precision."""
+    stacked_unsupported: str | None = None
+    """Why this rule cannot train stacked clients (``loop.client_parallelism: vmap``, :mod:`fedlight.stacked`);
+    ``None``: it can (its math is elementwise or goes through the per-client helpers of :mod:`fedlight.params`)."""
 
     def make_optimizer(self, params: list[Tensor], lr: float, default: Callable[..., torch.optim.Optimizer]):
         """The local optimizer for one client's round; default: the loop's (SGD, wd 1e-3)."""

@@ -36,13 +36,8 @@ from fedlight.rules import Broadcast, ClientResult, LocalContext, LocalUpdateRul
 from fedlight.sampling import client_generator, seed_client_torch
 
 
-def unsupported(local: LocalUpdateRule) -> str | None:
-    """Why ``local`` cannot run stacked, or ``None`` when it can."""
-    return getattr(local, "stacked_unsupported", None)
-
-
 def check_supported(local: LocalUpdateRule, name: str) -> None:
-    why = unsupported(local)
+    why = local.stacked_unsupported
     if why is not None:
         raise ConfigError(f"`loop.client_parallelism: vmap` cannot run {name}: {why}. "
                           "Use `loop.client_parallelism: sequential` for this algorithm")
