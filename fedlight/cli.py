@@ -13,14 +13,29 @@ from pathlib import Path
 
 from fedlight.errors import ConfigError
 
-USAGE = """usage: fedlight <command> [options]
+# name -> ("module:function", one help line). Resolved on use, so `fedlight ls` imports no research tooling.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "fit": ("fedlight.cli:cmd_fit", "train one recipe:  fedlight fit --config recipes/X.yaml [--loop.rounds 3 ...]"),
+    "ls": ("fedlight.cli:cmd_ls", "list algorithms, models, datasets, partitioners and recipes"),
+    "partition": ("fedlight.cli:cmd_partition", "print per-client sizes and class histograms of a recipe's split"),
+    "reproduce": ("fedlight.lab.reproduce:cmd_reproduce", "run a paper table: fedlight reproduce TABLE.yaml"),
+    "report": ("fedlight.lab.report:cmd_report", "compare finished runs (table + curves.png): fedlight report RUN..."),
+    "landscape": ("fedlight.lab.flatness_cli:cmd_landscape",
+                  "loss along random directions around a run's model (1-D/2-D plots)"),
+    "sharpness": ("fedlight.lab.flatness_cli:cmd_sharpness", "top Hessian eigenvalue, SAM sharpness of a run's model"),
+    "bench": ("fedlight.lab.bench:cmd_bench", "time fedlight against a minimal PyTorch loop (and at scale): --help"),
+}
+USAGE = "usage: fedlight <command> [options]\n\ncommands:\n" + "".join(
+    f"  {name:<10} {line}\n" for name, (_, line) in COMMANDS.items()) + \
+    "  help       this message (or: fedlight <command> --help)\n"
 
-commands:
-  fit        train one recipe:  fedlight fit --config recipes/quickstart.yaml [--loop.rounds 3 ...]
-  ls         list algorithms, models, datasets, partitioners and recipes
-  partition  print per-client sizes and class histograms of a recipe's data split
-  help       this message (or: fedlight <command> --help)
-"""
+
+def command(name: str) -> Callable[[list[str]], int]:
+    """The function behind subcommand ``name`` (imports its module now)."""
+    import importlib
+
+    module, _, fn = COMMANDS[name][0].partition(":")
+    return getattr(importlib.import_module(module), fn)
 
 
 def _parser(prog: str):
@@ -148,19 +163,9 @@ def cmd_ls(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {"fit": cmd_fit, "ls": cmd_ls, "partition": cmd_partition}
-
-
-def register_command(name: str, fn: Callable[[list[str]], int], help_line: str) -> None:
-    """Add a subcommand (used by tools that plug into the CLI)."""
-    global USAGE
-    COMMANDS[name] = fn
-    USAGE = USAGE.replace("  help ", f"  {name:<10} {help_line}\n  help ", 1)
-
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _load_plugins()
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
@@ -169,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedlight: error: unknown command {cmd!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     try:
-        return COMMANDS[cmd](rest)
+        return command(cmd)(rest)
     except ConfigError as e:
         print(f"fedlight {cmd}: error: {e}", file=sys.stderr)
         return 2
@@ -178,21 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _load_plugins() -> None:
-    """Subcommands living in other modules register themselves on import."""
-    for mod in ("fedlight.reproduce", "fedlight.tools_cli", "fedlight.bench"):
-        try:
-            __import__(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
-
-
 def recipes_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "recipes"
 
 
-if __name__ == "__main__":  # `python -m fedlight.cli`: run the imported module, where plugins register
-    from fedlight.cli import main as _main
-
-    sys.exit(_main())
+if __name__ == "__main__":
+    sys.exit(main())

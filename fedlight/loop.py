@@ -125,7 +125,8 @@ class FederatedLoop:
         optimizer = self.local.make_optimizer(list(self.live.values()), info.lr, self._opt_factory)
         ctx = LocalContext(broadcast=bc, optimizer=optimizer, lr=info.lr, num_steps=K, params=self.live,
                            client_id=client_id, round=info.round, state=self.store.get(client_id, self.device),
-                           max_grad_norm=self.cfg.max_grad_norm, fabric=self.fabric)
+                           max_grad_norm=self.cfg.max_grad_norm, fabric=self.fabric,
+                           weight_decay=self.cfg.weight_decay)
         self.model.train()
         self.local.start(self.model, ctx)
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
@@ -182,7 +183,7 @@ class FederatedLoop:
                     raise Diverged(r, f"client {cid} produced a non-finite loss or update")
                 skipped.append(cid)  # skip_client: its update and state change are dropped
                 continue
-            w = float(res.num_samples) if cfg.weighting == "samples" else 1.0
+            w = float(res.num_samples) if (self.server.weighting or cfg.weighting) == "samples" else 1.0
             acc.add(res, w, buffers if cfg.aggregate_buffers else {}, bytes_down=bc.nbytes(), bytes_up=res.nbytes())
             if state:
                 new_states[cid] = state

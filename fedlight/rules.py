@@ -95,6 +95,9 @@ class LocalContext:
     state: dict[str, Any] = field(default_factory=dict)
     """This client's persistent state (``c_i``, momenta); the loop loads it before ``start`` and stores it after
     ``finish``. A client never seen before starts with an empty dict."""
+    weight_decay: float = 0.0
+    """``λ``, the weight decay the loop gives the local optimizer (``loop.weight_decay``); rules that fold weight
+    decay into their own arithmetic read it here."""
     max_grad_norm: float | None = None
     """Joint L2 clip applied to the full direction ``d`` before the optimizer step; ``None`` disables."""
     fabric: Any = None
@@ -203,6 +206,9 @@ class ServerRule:
 
     summed_extras: frozenset[str] = frozenset()
     """Keys of ``ClientResult.extras`` the loop sums over clients instead of averaging."""
+    weighting: str | None = None
+    """How the loop weights client results in the mean: ``"samples"`` (by ``n_i``), ``"uniform"`` (``1/|S|``), or
+    ``None`` to follow ``loop.weighting``. A rule whose paper writes a plain mean over ``S`` sets ``"uniform"``."""
     state_keys: tuple[str, ...] = ()
     """Attributes that make up the server state (tensors, dicts of tensors, floats); saved in checkpoints."""
 

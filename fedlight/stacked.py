@@ -129,7 +129,8 @@ def run_chunk(loop, cids: list[int], info: RoundInfo, states: list[dict[str, Any
     optimizer = local.make_optimizer(list(params.values()), info.lr, loop._opt_factory)
     ctx = StackedContext(broadcast=bc, optimizer=optimizer, lr=info.lr, num_steps=K, params=params,
                          client_id=cids[0], round=info.round, state=stack_tree(states, "client state"),
-                         max_grad_norm=loop.cfg.max_grad_norm, fabric=loop.fabric, buffers=buffers)
+                         max_grad_norm=loop.cfg.max_grad_norm, fabric=loop.fabric, buffers=buffers,
+                         weight_decay=loop.cfg.weight_decay)
     model = loop.model
     model.train()
     streams = [loop.data.client_batches(c, K, client_generator(loop.seed, info.round, c)) for c in cids]

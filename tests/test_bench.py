@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedlight import bench
+from fedlight.lab import bench
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,7 +59,7 @@ def test_cli_wrapper_help():
     assert out.returncode == 0 and "--many-clients" in out.stdout
 
 
-def test_importing_the_module_registers_fedlight_bench():
+def test_cli_table_resolves_fedlight_bench():
     from fedlight import cli
 
-    assert "bench" in cli.COMMANDS and "bench" in cli.USAGE
+    assert "bench" in cli.USAGE and cli.command("bench") is bench.cmd_bench

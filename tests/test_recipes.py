@@ -16,10 +16,10 @@ import torch
 import yaml
 from torch import nn
 
-from fedlight import report, reproduce
 from fedlight.args import LoopConfig
 from fedlight.cli import _parse
 from fedlight.data import FederatedDataModule
+from fedlight.lab import report, reproduce
 from fedlight.registry import _REGISTRY, list_algorithms
 from fedlight.rules import Algorithm
 

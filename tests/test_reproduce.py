@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedlight import report, reproduce
 from fedlight.cli import main
 from fedlight.errors import ConfigError
+from fedlight.lab import report, reproduce
 from fedlight.records import rounds_to_target
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fedlight.bench import main  # noqa: E402
+from fedlight.lab.bench import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

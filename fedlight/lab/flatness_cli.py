@@ -1,13 +1,11 @@
 """``fedlight landscape`` and ``fedlight sharpness``: flatness tools on a finished (or checkpointed) run.
 
-Imported by :func:`fedlight.cli._load_plugins`; the work is done in :mod:`fedlight.landscape`.
+Resolved lazily by :mod:`fedlight.cli`; the work is done in :mod:`fedlight.lab.landscape`.
 """
 
 from __future__ import annotations
 
 import argparse
-
-from fedlight.cli import register_command
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -30,7 +28,7 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def cmd_landscape(argv: list[str]) -> int:
-    from fedlight.landscape import run_landscape
+    from fedlight.lab.landscape import run_landscape
 
     p = _parser("fedlight landscape", "Loss of the global model along filter-normalized random directions "
                 "(Li et al. 2018): a 1-D curve or a 2-D contour, as PNG, CSV/NPZ and TensorBoard images.")
@@ -52,7 +50,7 @@ def cmd_landscape(argv: list[str]) -> int:
 
 
 def cmd_sharpness(argv: list[str]) -> int:
-    from fedlight.landscape import run_sharpness
+    from fedlight.lab.landscape import run_sharpness
 
     p = _parser("fedlight sharpness", "Top Hessian eigenvalue (power iteration on Hessian-vector products) and "
                 "SAM sharpness max_{|e|<=rho} L(x+e) - L(x) (projected ascent) of the global model.")
@@ -72,5 +70,3 @@ def cmd_sharpness(argv: list[str]) -> int:
     return 0
 
 
-register_command("landscape", cmd_landscape, "loss along random directions around a run's model (1-D/2-D plots)")
-register_command("sharpness", cmd_sharpness, "top Hessian eigenvalue and SAM sharpness of a run's model")

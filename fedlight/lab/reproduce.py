@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedlight import report as rep
-from fedlight.cli import recipes_dir, register_command
+from fedlight.cli import recipes_dir
 from fedlight.errors import ConfigError, check
+from fedlight.lab import report as rep
 
 SHRINK_KEYS = {"rounds": "loop.rounds", "subset": "data.init_args.subset", "test_subset": "data.init_args.test_subset"}
 SPEC_KEYS = {"title", "base", "metric", "also", "overrides", "rows", "columns", "cell_overrides", "paper", "notes",
@@ -318,5 +318,3 @@ def cmd_reproduce(argv: list[str]) -> int:
     return 1 if counts.get("failed") or counts.get("conflict") else 0
 
 
-register_command("reproduce", cmd_reproduce, "run a paper table:  fedlight reproduce recipes/tables/X.yaml")
-register_command("report", rep.cmd_report, "compare finished runs: table + curves.png:  fedlight report RUN_DIR...")

@@ -633,12 +633,6 @@ def main(argv: list[str] | None = None, prog: str = "tools/bench.py") -> int:
     return 0
 
 
-def _register() -> None:
-    """``fedlight bench``: registered when :func:`fedlight.cli._load_plugins` imports this module."""
-    from fedlight.cli import register_command
-
-    register_command("bench", lambda argv: main(argv, prog="fedlight bench"),
-                     "time fedlight against a minimal PyTorch loop (and at scale): fedlight bench --help")
-
-
-_register()
+def cmd_bench(argv: list[str]) -> int:
+    """``fedlight bench``."""
+    return main(argv, prog="fedlight bench")
