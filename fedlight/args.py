@@ -39,6 +39,10 @@ def _importable(path: str) -> bool:
         return False
 
 
+MAX_LR = 1e30
+"""Largest accepted ``loop.lr``: any float a float32 update can hold after scaling, with margin."""
+
+
 @dataclass
 class LoopConfig:
     """How the federated simulation runs (everything that is engineering, not an algorithm's math)."""
@@ -112,9 +116,10 @@ class LoopConfig:
             check(v is None or (isinstance(v, int) and v > 0), f"`loop.{name}` must be a positive integer, got {v!r}")
         check(_importable(self.optimizer), f"`loop.optimizer` {self.optimizer!r} is not an importable optimizer "
               "class (e.g. torch.optim.SGD, torch.optim.AdamW)")
-        check(self.lr > 0 and math.isfinite(self.lr), f"`loop.lr` must be positive, got {self.lr}")
+        check(0 < self.lr <= MAX_LR, f"`loop.lr` must be positive and at most {MAX_LR:g} (float32 parameters "
+              f"overflow beyond ~3.4e38), got {self.lr}")
         check(0 <= self.momentum < 1, f"`loop.momentum` must be in [0, 1), got {self.momentum}")
-        check(self.weight_decay >= 0, f"`loop.weight_decay` must be >= 0, got {self.weight_decay}")
+        check(0 <= self.weight_decay < math.inf, f"`loop.weight_decay` must be >= 0, got {self.weight_decay}")
         check(self.max_grad_norm is None or self.max_grad_norm > 0,
               f"`loop.max_grad_norm` must be positive or null, got {self.max_grad_norm}")
         check(self.state_budget_mb is None or self.state_budget_mb >= 0,

@@ -23,15 +23,9 @@ from torch import Tensor, nn
 from fedlight import params as P
 from fedlight.aggregate import Accumulator
 from fedlight.args import LoopConfig
-from fedlight.records import (
-    MetricsLog,
-    atomic_torch_save,
-    atomic_write_text,
-    fault,
-    load_checkpoint,
-    rss_mb,
-    summarize,
-)
+from fedlight.errors import ConfigError
+from fedlight.record import RunRecord
+from fedlight.records import atomic_torch_save, fault, load_checkpoint, rss_mb, summarize
 from fedlight.rules import Algorithm, LocalContext, RoundInfo
 from fedlight.sampling import assign_clients, client_fails, client_generator, sample_clients, seed_client_torch
 from fedlight.state import ClientStateStore
@@ -96,7 +90,6 @@ class FederatedLoop:
         self.diverged_at: int | None = None
         self._round_done = 0
         self.totals = {"bytes_up": 0, "bytes_down": 0, "wall_time_s": 0.0}
-        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl")
         opt_cls = _import(cfg.optimizer)
         extra = {"momentum": cfg.momentum} if cfg.optimizer == "torch.optim.SGD" else {}
         if cfg.client_parallelism == "vmap":
@@ -175,8 +168,11 @@ class FederatedLoop:
         skipped: list[int] = []
         x_start = self.x
         counts = {k: b.clone() for k, b in self.int_buffers.items()}
+        clients: list[dict[str, Any]] = []  # this rank's clients (the lead's RoundRow gathers them over ranks)
         for cid, bc, res, state, buffers in self._train(mine, info):
             x_start = bc.params
+            clients.append({"id": cid, "train_loss": float(res.metrics["train_loss"]), "num_samples": res.num_samples,
+                            "delta_norm": float(res.metrics["delta_sqnorm"]) ** 0.5})
             fault("train", r + 1)
             if not bool(P.is_finite(res.delta) & torch.isfinite(torch.as_tensor(res.metrics["train_loss"]))):
                 if cfg.on_nonfinite == "stop":
@@ -191,7 +187,8 @@ class FederatedLoop:
         t_train = time.perf_counter()
         new_states, skipped, layout = self._exchange(new_states, skipped, acc)
         row: dict[str, Any] = {"round": r + 1, "lr": info.lr, "clients_reported": len(active) - len(skipped),
-                               "clients_dropped": len(dropped), "clients_skipped_nonfinite": len(skipped)}
+                               "clients_dropped": len(dropped), "clients_skipped_nonfinite": len(skipped),
+                               "sampled": sampled, "clients": clients}
         if layout is None:  # nobody reported: the model and the server state stay as they are
             row.update(bytes_down=0, bytes_up=0, round_time_s=time.perf_counter() - t0)
             return row
@@ -266,14 +263,15 @@ class FederatedLoop:
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def checkpoint_state(self, rounds_done: int) -> dict[str, Any]:
+        """Everything a resume needs, as private CPU copies (safe to write while the next round runs)."""
         return {
             "format": 1,
             "round": rounds_done,
-            "params": _to(self.x, "cpu"),
-            "buffers": _to(self.buffers, "cpu"),
-            "int_buffers": _to({k: v.clone() for k, v in self.int_buffers.items()}, "cpu"),
-            "server": _to(self.server.state_dict(), "cpu"),
-            "store": self.store.state_dict(),
+            "params": _cpu_copy(self.x),
+            "buffers": _cpu_copy(self.buffers),
+            "int_buffers": _cpu_copy(self.int_buffers),
+            "server": _cpu_copy(self.server.state_dict()),
+            "store": self.store.state_dict(),  # states are replaced on put, never changed in place
             "totals": dict(self.totals),
             "meta": self.meta(),
         }
@@ -285,23 +283,20 @@ class FederatedLoop:
                 "num_clients": self.data.num_clients, "seed": self.seed}
 
     def save(self, rounds_done: int, row: dict[str, Any] | None = None) -> None:
+        """Write ``checkpoints/last.ckpt`` now (synchronously; :meth:`fit` writes in the background)."""
         if self.fabric.global_rank == 0:
             state = self.checkpoint_state(rounds_done)
             state["last_row"] = json.dumps(row) if row is not None else None
-            atomic_torch_save(state, self.out_dir / "checkpoints" / "last.ckpt",
-                              before_replace=lambda: fault("ckpt", rounds_done))
-            fault("metrics", rounds_done)
+            atomic_torch_save(state, self.out_dir / "checkpoints" / "last.ckpt")
         self.fabric.barrier()
 
-    def load(self, path: Path) -> None:
-        ckpt = load_checkpoint(path, map_location=self.device)
-        meta = self.meta()
-        from fedlight.errors import ConfigError
-
-        for key in ("algorithm", "model", "shapes", "num_clients", "seed"):
-            if ckpt["meta"].get(key) != meta[key]:
-                raise ConfigError(f"`resume` checkpoint {path} does not match this run: {key} is "
-                                  f"{ckpt['meta'].get(key)!r} there and {meta[key]!r} here")
+    def load(self, ckpt: Path | dict[str, Any]) -> None:
+        """Continue from a checkpoint (a path, or one already loaded); refuses one of another run."""
+        path = ckpt if not isinstance(ckpt, dict) else "(given)"
+        ckpt = load_checkpoint(ckpt, map_location=self.device) if not isinstance(ckpt, dict) else ckpt
+        problems = meta_differences(ckpt["meta"], self.meta())
+        if problems:
+            raise ConfigError(f"`resume` checkpoint {path} does not match this run: {'; '.join(problems)}")
         self.x = {k: v.to(self.device) for k, v in ckpt["params"].items()}
         self.buffers = {k: v.to(self.device) for k, v in ckpt["buffers"].items()}
         for k, v in ckpt["int_buffers"].items():
@@ -313,65 +308,88 @@ class FederatedLoop:
         self._last_row = json.loads(ckpt["last_row"]) if ckpt.get("last_row") else None
 
     # ----------------------------------------------------------------------------------------- fit
-    def fit(self, logger=None) -> dict[str, Any]:
-        """Run the remaining rounds. Order per round: train → evaluate → checkpoint (which carries the round's
-        metrics row) → append the row to metrics.jsonl. A kill at any point loses at most the unfinished round."""
+    def fit(self, record: RunRecord | None = None) -> dict[str, Any]:
+        """Run the remaining rounds: train → evaluate → hand the row and (every ``save_every`` rounds) a checkpoint
+        snapshot to the run record, which writes them in the background (see :mod:`fedlight.record`)."""
         cfg, fabric = self.cfg, self.fabric
-        rank0 = fabric.global_rank == 0
-        if rank0:
-            self.metrics.truncate_to(self.start_round)
-            done = self.metrics.rows[-1]["round"] if self.metrics.rows else 0
-            if self._last_row is not None and done < self.start_round:
-                self.metrics.append(self._last_row)  # killed between checkpoint and metrics append
-        bar = _progress(cfg, rank0, self.start_round)
-        t_fit = time.perf_counter()
-        wall0 = self.totals["wall_time_s"]
-        for r in range(self.start_round, cfg.rounds):
-            self._round_done = r
-            try:
-                row = self.run_round(r)
-            except Diverged as d:
-                self.diverged_at = d.round + 1
-                fabric.print(f"fedlight: stopped, diverged in {d}; the last good checkpoint is kept")
-                break
-            last = r + 1 == cfg.rounds
-            if (r + 1) % cfg.eval_every == 0 or last:
-                t = time.perf_counter()
-                row.update(self.evaluate())
-                row["eval_time_s"] = time.perf_counter() - t
-            self.totals["bytes_up"] += row["bytes_up"]
-            self.totals["bytes_down"] += row["bytes_down"]
-            self.totals["wall_time_s"] = wall0 + time.perf_counter() - t_fit
-            row["rss_mb"] = rss_mb()
-            if (r + 1) % cfg.save_every == 0 or last:
-                t = time.perf_counter()
-                self.save(r + 1, row)
-                row["checkpoint_time_s"] = time.perf_counter() - t
-            if rank0:
-                self.metrics.append(row)
-                if logger is not None:
-                    logger.log_round(row, step=r + 1)
-            if bar is not None:
-                bar.update(1)
-                acc = next((x["test_acc"] for x in reversed(self.metrics.rows) if "test_acc" in x), None)
-                bar.set_postfix(test_acc=acc, s_per_round=round(row["round_time_s"], 3))
-        if bar is not None:
-            bar.close()
-        return self.finish()
+        own = record is None
+        if own:
+            record = RunRecord(self.out_dir, rank0=fabric.global_rank == 0, rounds=cfg.rounds, progress=cfg.progress)
+            record.open(None, tensorboard=False, fresh=False)
+        try:
+            record.begin(self.start_round, self._last_row)
+            t_fit, wall0 = time.perf_counter(), self.totals["wall_time_s"]
+            for r in range(self.start_round, cfg.rounds):
+                row = self._fit_round(r, record)
+                if row is None:
+                    break
+                self.totals["bytes_up"] += row["bytes_up"]
+                self.totals["bytes_down"] += row["bytes_down"]
+                self.totals["wall_time_s"] = wall0 + time.perf_counter() - t_fit
+                row["rss_mb"] = rss_mb()
+                snapshot = None
+                if ((r + 1) % cfg.save_every == 0 or r + 1 == cfg.rounds) and fabric.global_rank == 0:
+                    t = time.perf_counter()
+                    snapshot = self.checkpoint_state(r + 1)
+                    row["checkpoint_time_s"] = time.perf_counter() - t  # the critical-path part: the snapshot
+                record.round_done(row, snapshot)
+            return self.finish(record)
+        finally:
+            if own:
+                record.close()
 
-    def finish(self) -> dict[str, Any]:
-        """Write final_model.pt and summary.json from the global model and metrics.jsonl."""
-        summary = summarize(self.metrics.rows, self.cfg.targets, self.totals)
+    def _fit_round(self, r: int, record: RunRecord) -> dict[str, Any] | None:
+        """Train and (when due) evaluate round ``r``; ``None`` when it diverged."""
+        self._round_done = r
+        record.phase("training", r)
+        try:
+            row = self.run_round(r)
+        except Diverged as d:
+            self.diverged_at = d.round + 1
+            self.fabric.print(f"fedlight: stopped, diverged in {d}; the last good checkpoint is kept")
+            return None
+        if (r + 1) % self.cfg.eval_every == 0 or r + 1 == self.cfg.rounds:
+            record.phase("evaluating", r)
+            t = time.perf_counter()
+            row.update(self.evaluate())
+            row["eval_time_s"] = time.perf_counter() - t
+        return row
+
+    def finish(self, record: RunRecord) -> dict[str, Any]:
+        """Write final_model.pt and summary.json from the global model and the record's rows."""
+        record.flush()
+        summary = summarize(record.rows, self.cfg.targets, self.totals)
         if self.diverged_at is not None:
             summary["diverged_at_round"] = self.diverged_at
+        summary.update(record.summary_extra())
+        state = None
         if self.fabric.global_rank == 0:
             P.copy_(self.live, self.x)
             P.copy_(self.live_buffers, self.buffers)
             state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-            atomic_torch_save(state, self.out_dir / "final_model.pt")
-            atomic_write_text(self.out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        record.finish(summary, state)
         self.fabric.barrier()
         return summary
+
+
+def meta_differences(there: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    """What makes a checkpoint's model and clients incompatible with this run (``key is A there and B here``)."""
+    return [f"{key} is {there.get(key)!r} there and {here[key]!r} here"
+            for key in ("algorithm", "model", "shapes", "num_clients", "seed") if there.get(key) != here[key]]
+
+
+def _cpu_copy(obj: Any) -> Any:
+    return _map_tensors(obj, lambda t: t.detach().to("cpu", copy=True))
+
+
+def _map_tensors(obj: Any, fn) -> Any:
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(v, fn) for v in obj)
+    return obj
 
 
 def _to(obj: Any, device) -> Any:
@@ -387,13 +405,3 @@ def _to(obj: Any, device) -> Any:
 def _keys(state: dict[str, Any]) -> tuple:
     """The nested key structure of a client state (clients stack only when theirs agree)."""
     return tuple((k, _keys(v)) if isinstance(v, dict) else (k,) for k, v in sorted(state.items()))
-
-
-def _progress(cfg: LoopConfig, rank0: bool, start: int):
-    import sys
-
-    if not (cfg.progress and rank0 and sys.stderr.isatty()):
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=cfg.rounds, initial=start, desc="rounds", unit="round")
