@@ -15,7 +15,7 @@ from fedlight.errors import ConfigError, check
 from fedlight.record import RUN_FILES, RunRecord
 from fedlight.records import load_checkpoint
 from fedlight.rules import Algorithm
-from fedlight.rundir import check_out_dir, differences, settings_hash, split_settings
+from fedlight.rundir import LOCK_NAME, check_out_dir, differences, settings_hash, split_settings
 
 PRECISIONS = ("32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed")
 
@@ -165,6 +165,7 @@ def _prepare(fabric, model, data, algorithm, loop, seed, out, ckpt, ckpt_path, d
 def _segments(ckpt, start_round: int, execution: dict[str, Any]) -> list[dict[str, Any]]:
     """Execution-only settings per stretch of the run; a resume adds one, listing what changed."""
     before = json.loads(ckpt["segments"]) if ckpt is not None and ckpt.get("segments") else []
+    execution = {k: v for k, v in execution.items() if k not in ("resume", "overwrite")}
     seg: dict[str, Any] = {"from_round": start_round, "settings": execution}
     if before:
         prev = before[-1]["settings"]
@@ -219,7 +220,7 @@ def _resolve_resume(resume: str | None, out: Path) -> Path | None:
 def _check_existing(out: Path, resume: str | None, overwrite: bool) -> None:
     """A fresh run refuses a directory that holds another run unless told to overwrite it (cleared later, under the
     lock, by the run record)."""
-    if not out.exists() or not any(out.iterdir()) or resume is not None:
+    if not out.exists() or not any(p.name != LOCK_NAME for p in out.iterdir()) or resume is not None:
         return
     if not overwrite:
         raise ConfigError(f"`out_dir` {out} already holds a run; pass `--resume auto` to continue it, "
