@@ -177,7 +177,7 @@ def _segments(ckpt, start_round: int, execution: dict[str, Any]) -> list[dict[st
 def _lr_hint(algorithm, loop: LoopConfig) -> str:
     from fedlight.rules import LocalUpdateRule
 
-    name = getattr(algorithm, "name", type(algorithm).__name__)
+    name = type(algorithm).__name__
     own = type(algorithm.local).make_optimizer is not LocalUpdateRule.make_optimizer
     opt = f"{name}'s own local optimizer" if own else f"the local optimizer {loop.optimizer}"
     return (f"the learning rate `loop.lr` = {loop.lr:g} is too large for {opt} (adaptive optimizers such as Adam/AdamW "

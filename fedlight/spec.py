@@ -8,6 +8,7 @@ a spec (it is then built after seeding, exactly as the CLI builds it) to record 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from typing import Any
@@ -33,10 +34,49 @@ def build(spec: dict[str, Any] | str) -> Any:
     return cls(**args)
 
 
+def remember_init_args(cls: type) -> None:
+    """Wrap ``cls.__init__`` so an instance keeps the arguments of its outermost constructor call in
+    ``_init_args`` (what :func:`describe` records). Call it from ``__init_subclass__`` of a base class."""
+    init = cls.__dict__.get("__init__")
+    if init is None or getattr(init, "_remembers", False):
+        return
+    sig = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        if "_init_args" not in self.__dict__:
+            try:
+                bound = sig.bind(self, *args, **kwargs)
+            except TypeError:
+                bound = None  # the call itself fails below, with Python's message
+            if bound is not None:
+                self.__dict__["_init_args"] = _flat_arguments(sig, bound)
+        init(self, *args, **kwargs)
+
+    __init__._remembers = True
+    cls.__init__ = __init__
+
+
+def _flat_arguments(sig: inspect.Signature, bound: inspect.BoundArguments) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in list(bound.arguments.items())[1:]:
+        kind = sig.parameters[name].kind
+        if kind == inspect.Parameter.VAR_KEYWORD:
+            out.update(value)
+        elif kind != inspect.Parameter.VAR_POSITIONAL:
+            out[name] = value
+    return out
+
+
 def describe(obj: Any) -> dict[str, Any]:
-    """``{"class_path", "init_args"}`` of ``obj`` with the constructor arguments it keeps as attributes."""
+    """``{"class_path", "init_args"}`` of ``obj``: the arguments it was built with when its class remembers them
+    (:func:`remember_init_args`), else the constructor arguments it keeps as same-named attributes."""
     cls = type(obj)
     out: dict[str, Any] = {"class_path": f"{cls.__module__}.{cls.__qualname__}"}
+    given = getattr(obj, "__dict__", {}).get("_init_args")
+    if given is not None:
+        args = {k: v for k, v in ((k, _plain(v)) for k, v in given.items()) if v is not _NO}
+        return {**out, "init_args": args} if args else out
     try:
         params = inspect.signature(cls.__init__).parameters
     except (TypeError, ValueError):

@@ -21,6 +21,7 @@ from torch import Tensor
 from fedlight.data.augment import CropFlip
 from fedlight.data.partition import IID, Partitioner, partition_cached
 from fedlight.errors import ConfigError, DataNotFoundError
+from fedlight.spec import remember_init_args
 
 SUBSET_TRAIN_TAG = 0x5B71  # SeedSequence([seed, tag]) for the train subset
 SUBSET_TEST_TAG = 0x5B72  # ... and the test subset
@@ -107,6 +108,10 @@ class FederatedDataModule:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     augmentation: CropFlip | None = None
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        remember_init_args(cls)  # config.yaml of a Python-API run records the constructor arguments
 
     def __init__(
         self,
@@ -350,3 +355,6 @@ def _step_bounds(n: int, bs: int, num_steps: int) -> list[tuple[int, int]]:
         e, k = divmod(s, per_epoch)
         bounds.append((e * n + k * bs, e * n + min((k + 1) * bs, n)))
     return bounds
+
+
+remember_init_args(FederatedDataModule)
