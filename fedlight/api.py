@@ -103,7 +103,7 @@ def fit(
     _agree(fabric, record.acquire)
     refused = True
     try:
-        runner = _prepare(fabric, model, data, algorithm, loop, seed, out, ckpt, ckpt_path, defining)
+        runner = _prepare(fabric, model, data, algorithm, loop, seed, out, ckpt, ckpt_path, defining, precision)
         record.extra = {"settings": json.dumps(defining, default=str)}
         record.segments = _segments(ckpt, runner.start_round if ckpt else 0, execution)
         record.hparams = _hparams(algorithm, loop, seed)
@@ -141,10 +141,13 @@ def _agree(fabric, step) -> None:
         raise ConfigError(error)
 
 
-def _prepare(fabric, model, data, algorithm, loop, seed, out, ckpt, ckpt_path, defining):
+def _prepare(fabric, model, data, algorithm, loop, seed, out, ckpt, ckpt_path, defining, precision):
     """Data, the loop and the resume checks: everything that may refuse the run, before any file is written."""
+    import torch
+
     from fedlight.loop import FederatedLoop, meta_differences
 
+    data.input_dtype = torch.float64 if precision == "64-true" else torch.float32  # float64 data keeps its precision
     with fabric.rank_zero_first():
         data.setup(fabric.device, seed)
     check(loop.clients_per_round <= data.num_clients,
