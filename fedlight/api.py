@@ -153,6 +153,7 @@ def _prepare(fabric, model, data, algorithm, loop, seed, out, ckpt, ckpt_path, d
     check(loop.clients_per_round <= data.num_clients,
           f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({data.num_clients})")
     runner = FederatedLoop(fabric, model, data, algorithm, loop, seed, out)
+    runner.store.use_folder(out / "client_state" / f"rank{fabric.global_rank}")  # unchanged states: never rewritten
     if ckpt is not None:
         problems = meta_differences(ckpt["meta"], runner.meta())
         if not problems and ckpt.get("settings"):

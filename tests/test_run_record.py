@@ -190,3 +190,24 @@ def test_snapshot_is_a_private_copy(tmp_path):
     for v in loop.x.values():
         v.add_(1.0)
     assert all(torch.equal(snap["params"][k], before[k]) for k in before)
+
+
+def test_unchanged_client_state_is_never_rewritten(tmp_path, monkeypatch):
+    """Each checkpoint writes the states of the round's reporting clients only; the others stay referenced."""
+    from fedlight.state import ClientStateStore
+
+    writes = []
+    write = ClientStateStore._write
+
+    def spy(self, client_id, state):
+        writes.append(client_id)
+        return write(self, client_id, state)
+
+    monkeypatch.setattr(ClientStateStore, "_write", spy)
+    out = tmp_path / "run"
+    fedlight.fit(tiny_cnn(), TensorClients(image_clients(), batch_size=4), fedlight.create("scaffold"),
+                 LoopConfig(rounds=4, clients_per_round=2, local_steps=2, progress=False), out_dir=str(out))
+    reported = [c["id"] for row in _rows(out) for c in row["clients"]]
+    assert sorted(writes) == sorted(reported) and len(writes) == 4 * 2
+    ckpt = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["store"]["states"] == {} and set(ckpt["store"]["spilled"]) == set(reported)
