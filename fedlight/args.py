@@ -39,6 +39,19 @@ def _importable(path: str) -> bool:
         return False
 
 
+def _load(path: str) -> type:
+    import importlib
+
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def _init_params(cls: type) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(cls.__init__).parameters)
+
+
 @dataclass
 class LoopConfig:
     """How the federated simulation runs (everything that is engineering, not an algorithm's math)."""
@@ -85,21 +98,31 @@ class LoopConfig:
     skip_client (drop that client's update for the round, count it, go on)."""
     client_dropout: float = 0.0
     """Probability that a sampled client fails to report (seeded by (seed, round, client)); its state is untouched."""
-    client_parallelism: Literal["sequential", "vmap"] = "sequential"
-    """sequential: each process trains its clients one after another on one model. vmap: it trains them together,
-    stacked along a client dimension (torch.func.vmap + functional_call; faster for small models, memory grows
-    with the chunk). Clients go together when their step count, batch sizes and state keys agree; rules that cannot
-    run stacked are refused before training."""
+    client_parallelism: Literal["auto", "sequential", "vmap"] = "auto"
+    """How each process runs its clients (the runner; the run's log says which ran and why). auto: vmap + compile
+    on a CUDA device when the rule and model allow it, else sequential. sequential: one after another on one
+    model. vmap: together, stacked along a client dimension (torch.func.vmap + functional_call; memory grows with
+    the chunk); clients go together when their step count, batch sizes and state keys agree; rules that cannot run
+    stacked are refused before training."""
     vmap_chunk: int | None = None
     """vmap only: at most this many clients trained together (bounds memory); null: all of a group."""
     channels_last: bool = False
     """Keep convolution weights and 4-D input batches in channels-last memory format (faster tensor-core
     convolutions on GPU; no effect on the math)."""
-    compile: bool | str = False
-    """torch.compile the model (sequential training only): true uses the default backend (inductor); a string
-    names a backend (e.g. "aot_eager"). The first rounds pay the compilation."""
+    compile: bool | str | None = None
+    """torch.compile the client computation: the model (sequential) or the stacked loss (vmap). true: inductor;
+    a mode ("reduce-overhead" for CUDA graphs, "max-autotune") or a backend name ("aot_eager"); null: automatic
+    (compiled with the stacked runner that auto picks on CUDA, else not). The first rounds pay the compilation."""
     progress: bool = True
     """Show a progress bar (only when stderr is a terminal)."""
+
+    def optimizer_factory(self):
+        """``factory(params, lr=η)`` → the local optimizer with this config's class, weight decay and arguments."""
+        import functools
+
+        cls = _load(self.optimizer)
+        extra = {"momentum": self.momentum} if "momentum" in _init_params(cls) else {}
+        return functools.partial(cls, weight_decay=self.weight_decay, **extra, **self.optimizer_args)
 
     def __post_init__(self) -> None:
         for name in ("rounds", "clients_per_round", "eval_every", "save_every"):
@@ -114,6 +137,9 @@ class LoopConfig:
               "class (e.g. torch.optim.SGD, torch.optim.AdamW)")
         check(self.lr > 0 and math.isfinite(self.lr), f"`loop.lr` must be positive, got {self.lr}")
         check(0 <= self.momentum < 1, f"`loop.momentum` must be in [0, 1), got {self.momentum}")
+        check(self.momentum == 0 or "momentum" in _init_params(_load(self.optimizer)),
+              f"`loop.momentum` ({self.momentum}) is not an argument of `loop.optimizer` {self.optimizer}; "
+              "set it to 0 or pass the optimizer's own arguments in `loop.optimizer_args`")
         check(self.weight_decay >= 0, f"`loop.weight_decay` must be >= 0, got {self.weight_decay}")
         check(self.max_grad_norm is None or self.max_grad_norm > 0,
               f"`loop.max_grad_norm` must be positive or null, got {self.max_grad_norm}")
@@ -121,7 +147,5 @@ class LoopConfig:
               f"`loop.state_budget_mb` must be >= 0 or null, got {self.state_budget_mb}")
         check(self.vmap_chunk is None or (isinstance(self.vmap_chunk, int) and self.vmap_chunk > 0),
               f"`loop.vmap_chunk` must be a positive integer or null, got {self.vmap_chunk!r}")
-        check(not (self.compile and self.client_parallelism == "vmap"),
-              "`loop.compile` works with `loop.client_parallelism: sequential` only; set one of them back")
         check(0 <= self.client_dropout < 1, f"`loop.client_dropout` must be in [0, 1), got {self.client_dropout}")
         check(all(0 < t <= 1 for t in self.targets), f"`loop.targets` must be accuracies in (0, 1], got {self.targets}")
