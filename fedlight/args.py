@@ -29,14 +29,15 @@ class LRSchedule:
         return lr0
 
 
-def _importable(path: str) -> bool:
-    import importlib
+def _optimizer_class(path: str) -> type | None:
+    """The ``torch.optim.Optimizer`` subclass at ``path``, or None."""
+    import torch
 
-    module, _, name = path.rpartition(".")
     try:
-        return isinstance(getattr(importlib.import_module(module), name), type)
+        cls = _load(path)
     except (ImportError, AttributeError, ValueError):
-        return False
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) else None
 
 
 def _load(path: str) -> type:
@@ -69,13 +70,15 @@ class LoopConfig:
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
     """Round schedule of the local learning rate."""
     optimizer: str = "torch.optim.SGD"
-    """Local optimizer class path (rules with their own optimizer, e.g. FedAdamW, ignore it)."""
+    """Local optimizer: the class path of a ``torch.optim.Optimizer`` subclass, built per client as
+    ``cls(params, lr=η_r, weight_decay=loop.weight_decay, [momentum=loop.momentum,] **loop.optimizer_args)``
+    (rules with their own optimizer, e.g. FedAdamW, ignore it)."""
     momentum: float = 0.0
-    """Local SGD momentum (0 in the seed papers)."""
+    """Local momentum, for optimizers that take one (SGD; 0 in the seed papers)."""
     weight_decay: float = 1.0e-3
     """Local weight decay (coupled for SGD, added after clipping)."""
     optimizer_args: dict = field(default_factory=dict)
-    """Extra keyword arguments for the local optimizer."""
+    """The optimizer's other init arguments (checked against its signature), e.g. {betas: [0.9, 0.99]}."""
     max_grad_norm: float | None = 10.0
     """Joint L2 clip of the local step direction; null disables."""
     weighting: Literal["samples", "uniform"] = "samples"
@@ -133,11 +136,15 @@ class LoopConfig:
         for name in ("local_epochs", "local_steps"):
             v = getattr(self, name)
             check(v is None or (isinstance(v, int) and v > 0), f"`loop.{name}` must be a positive integer, got {v!r}")
-        check(_importable(self.optimizer), f"`loop.optimizer` {self.optimizer!r} is not an importable optimizer "
-              "class (e.g. torch.optim.SGD, torch.optim.AdamW)")
+        opt = _optimizer_class(self.optimizer)
+        check(opt is not None, f"`loop.optimizer` {self.optimizer!r} is not an importable torch.optim.Optimizer "
+              "subclass (e.g. torch.optim.SGD, torch.optim.AdamW)")
+        unknown = sorted(set(self.optimizer_args) - _init_params(opt) | set(self.optimizer_args) & {"params", "lr", "weight_decay"})
+        check(not unknown, f"`loop.optimizer_args` {unknown} are not arguments {self.optimizer} takes from there "
+              "(lr comes from `loop.lr`, weight decay from `loop.weight_decay`)")
         check(self.lr > 0 and math.isfinite(self.lr), f"`loop.lr` must be positive, got {self.lr}")
         check(0 <= self.momentum < 1, f"`loop.momentum` must be in [0, 1), got {self.momentum}")
-        check(self.momentum == 0 or "momentum" in _init_params(_load(self.optimizer)),
+        check(self.momentum == 0 or "momentum" in _init_params(opt),
               f"`loop.momentum` ({self.momentum}) is not an argument of `loop.optimizer` {self.optimizer}; "
               "set it to 0 or pass the optimizer's own arguments in `loop.optimizer_args`")
         check(self.weight_decay >= 0, f"`loop.weight_decay` must be >= 0, got {self.weight_decay}")

@@ -157,3 +157,25 @@ def test_server_aggregate_override_on_two_processes_equals_one(tmp_path):
         loop.run_round(r)
     for k, v in loop.x.items():
         torch.testing.assert_close(got[f"x.{k}"], v, rtol=0, atol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("norm", ["group", "batch"])
+def test_stacked_resnet18_loss_traces_as_one_graph(norm):
+    """The structural guard for CUDA graphs (``loop.compile: reduce-overhead``): the stacked ResNet-18 loss under
+    bf16 autocast traces into a single graph — no graph break, so no host sync (``.item()``, data-dependent
+    Python) inside the forward/backward that would have to leave the captured graph."""
+    import lightning as L
+
+    from fedlight.models import ResNet18
+    from fedlight.rules import cross_entropy
+    from fedlight.runners.stacked import StackedForward
+
+    torch._dynamo.reset()
+    model = ResNet18(num_classes=10, norm=norm)
+    fwd = StackedForward(model, L.Fabric(accelerator="cpu", devices=1, precision="bf16-mixed"))
+    C, B = 2, 2
+    params = {k: v.detach().expand(C, *v.shape).clone().requires_grad_() for k, v in P.trainable(model).items()}
+    buffers = {k: v.expand(C, *v.shape).clone() for k, v in P.float_buffers(model).items()}
+    batch = (torch.randn(C, B, 3, 32, 32), torch.randint(0, 10, (C, B)))
+    explained = torch._dynamo.explain(fwd._losses)(params, buffers, batch, cross_entropy)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
