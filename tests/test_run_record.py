@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 import torch
 from fedtest import image_clients, tiny_cnn
 
@@ -211,3 +212,21 @@ def test_unchanged_client_state_is_never_rewritten(tmp_path, monkeypatch):
     assert sorted(writes) == sorted(reported) and len(writes) == 4 * 2
     ckpt = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["store"]["states"] == {} and set(ckpt["store"]["spilled"]) == set(reported)
+
+
+def test_python_api_records_algorithm_hyperparameters_and_resume_compares_them(tmp_path):
+    import yaml
+
+    from fedlight.algorithms import FedNSAM
+    from fedlight.errors import ConfigError
+
+    def run(rho, **kw):
+        return fedlight.fit(tiny_cnn(), TensorClients(image_clients(), batch_size=4), FedNSAM(rho=rho),
+                            LoopConfig(rounds=2, clients_per_round=2, local_steps=1, progress=False),
+                            out_dir=str(tmp_path / "run"), **kw)
+
+    run(0.2)
+    cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert cfg["algorithm"]["init_args"] == {"rho": 0.2}
+    with pytest.raises(ConfigError, match="algorithm.init_args.rho is 0.2 there and 0.1 here"):
+        run(0.1, resume="auto")
