@@ -60,44 +60,18 @@ def fit(
     Returns:
         The summary (also written to ``out_dir/summary.json``).
     """
-    import lightning as L
-    import torch
-
     algorithm = algorithm if algorithm is not None else _default_algorithm()
     _check_args(data, loop, devices, num_nodes)
-    if accelerator == "auto":
-        accelerator = "cuda" if torch.cuda.is_available() else "cpu"
-    if precision is None:
-        precision = "32-true" if accelerator == "cpu" else "bf16-mixed"
-    check(precision in PRECISIONS, f"`precision` must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision == "16-mixed" and algorithm.local.needs_true_grad_norm:
-        raise ConfigError(f"`precision: 16-mixed` is refused by {type(algorithm).__name__}: it takes gradient norms, "
-                          "which fp16 loss scaling distorts. Use `--precision bf16-mixed` or `32-true`")
-    text, model_spec = _config_text, None
-    if isinstance(model, (dict, str)):  # a class-path spec: built here, after seeding, as the CLI builds it
-        from fedlight.spec import build
-
-        model_spec = {"class_path": model} if isinstance(model, str) else model
-        torch.manual_seed(seed)
-        model = build(model_spec)
-    if text is None:
-        text = _describe(model, data, algorithm, loop, seed, precision=precision, model_spec=model_spec)
-    settings = _settings(text, precision)
-    defining, execution = split_settings(settings)
+    accelerator, precision = _resolve_device(accelerator, precision, algorithm)
+    model, text = _model_and_config(model, data, algorithm, loop, seed, precision, _config_text)
+    defining, execution = split_settings(_settings(text, precision))
     out = Path(out_dir) if out_dir else Path("runs") / f"{_default_name(algorithm, model, data, seed)}-" \
         f"{settings_hash(defining)}"
     check_out_dir(out)
     ckpt_path = _resolve_resume(resume, out)
     ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else None
     _check_existing(out, resume, overwrite)
-    world = devices * num_nodes
-    try:
-        fabric = L.Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
-                          strategy="ddp" if world > 1 else "auto")
-    except (ValueError, RuntimeError, TypeError) as e:
-        raise ConfigError(f"`accelerator`/`devices`/`precision` ({accelerator}, {devices}, {precision}): "
-                          f"{str(e).splitlines()[0]}") from None
-    fabric.launch()
+    fabric = _fabric(accelerator, devices, num_nodes, precision)
     record = RunRecord(out, rank0=fabric.global_rank == 0, rounds=loop.rounds, progress=loop.progress,
                        hint=_lr_hint(algorithm, loop))
     _agree(fabric, record.acquire)
@@ -114,6 +88,50 @@ def fit(
         return runner.fit(record)
     finally:
         record.close(refused=refused)
+
+
+def _resolve_device(accelerator: str, precision: str | None, algorithm) -> tuple[str, str]:
+    import torch
+
+    if accelerator == "auto":
+        accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+    if precision is None:
+        precision = "32-true" if accelerator == "cpu" else "bf16-mixed"
+    check(precision in PRECISIONS, f"`precision` must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "16-mixed" and algorithm.local.needs_true_grad_norm:
+        raise ConfigError(f"`precision: 16-mixed` is refused by {type(algorithm).__name__}: it takes gradient norms, "
+                          "which fp16 loss scaling distorts. Use `--precision bf16-mixed` or `32-true`")
+    return accelerator, precision
+
+
+def _model_and_config(model, data, algorithm, loop, seed, precision, text):
+    """The model (built here, after seeding, when given as a class-path spec, as the CLI builds it) and the
+    resolved config text (described from the objects for a Python-API run)."""
+    spec = None
+    if isinstance(model, (dict, str)):
+        import torch
+
+        from fedlight.spec import build
+
+        spec = {"class_path": model} if isinstance(model, str) else model
+        torch.manual_seed(seed)
+        model = build(spec)
+    if text is None:
+        text = _describe(model, data, algorithm, loop, seed, precision=precision, model_spec=spec)
+    return model, text
+
+
+def _fabric(accelerator: str, devices: int, num_nodes: int, precision: str):
+    import lightning as L
+
+    try:
+        fabric = L.Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
+                          strategy="ddp" if devices * num_nodes > 1 else "auto")
+    except (ValueError, RuntimeError, TypeError) as e:
+        raise ConfigError(f"`accelerator`/`devices`/`precision` ({accelerator}, {devices}, {precision}): "
+                          f"{str(e).splitlines()[0]}") from None
+    fabric.launch()
+    return fabric
 
 
 def _check_args(data, loop: LoopConfig, devices: int, num_nodes: int) -> None:
@@ -145,7 +163,8 @@ def _prepare(fabric, model, data, algorithm, loop, seed, out, ckpt, ckpt_path, d
     """Data, the loop and the resume checks: everything that may refuse the run, before any file is written."""
     import torch
 
-    from fedlight.loop import FederatedLoop, meta_differences
+    from fedlight.loop import FederatedLoop
+    from fedlight.records import meta_differences
 
     data.input_dtype = torch.float64 if precision == "64-true" else torch.float32  # float64 data keeps its precision
     with fabric.rank_zero_first():

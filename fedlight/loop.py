@@ -25,7 +25,7 @@ from fedlight.aggregate import Accumulator, Reduced
 from fedlight.args import LoopConfig
 from fedlight.errors import ConfigError
 from fedlight.record import RunRecord
-from fedlight.records import atomic_torch_save, fault, load_checkpoint, rss_mb, summarize
+from fedlight.records import atomic_torch_save, cpu_copy, fault, load_checkpoint, meta_differences, rss_mb, summarize
 from fedlight.round_row import RoundRow, client_entries
 from fedlight.rules import Algorithm, ClientResult, RoundInfo, ServerRule
 from fedlight.runners import ClientJob, TrainSetup, select_runner
@@ -262,10 +262,10 @@ class FederatedLoop:
         return {
             "format": 1,
             "round": rounds_done,
-            "params": _cpu_copy(self.x),
-            "buffers": _cpu_copy(self.buffers),
-            "int_buffers": _cpu_copy(self.int_buffers),
-            "server": _cpu_copy(self.server.state_dict()),
+            "params": cpu_copy(self.x),
+            "buffers": cpu_copy(self.buffers),
+            "int_buffers": cpu_copy(self.int_buffers),
+            "server": cpu_copy(self.server.state_dict()),
             "store": self.store.state_dict(),  # states are replaced on put, never changed in place
             "totals": dict(self.totals),
             "meta": self.meta(),
@@ -367,26 +367,6 @@ class FederatedLoop:
         record.finish(summary, state)
         self.fabric.barrier()
         return summary
-
-
-def meta_differences(there: dict[str, Any], here: dict[str, Any]) -> list[str]:
-    """What makes a checkpoint's model and clients incompatible with this run (``key is A there and B here``)."""
-    return [f"{key} is {there.get(key)!r} there and {here[key]!r} here"
-            for key in ("algorithm", "model", "shapes", "num_clients", "seed") if there.get(key) != here[key]]
-
-
-def _cpu_copy(obj: Any) -> Any:
-    return _map_tensors(obj, lambda t: t.detach().to("cpu", copy=True))
-
-
-def _map_tensors(obj: Any, fn) -> Any:
-    if isinstance(obj, Tensor):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return {k: _map_tensors(v, fn) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_tensors(v, fn) for v in obj)
-    return obj
 
 
 def _to(obj: Any, device) -> Any:

@@ -15,6 +15,7 @@ the kill fell between rename and append), and rounds after the last renamed chec
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -165,15 +166,17 @@ class RunRecord:
         self.progress.update(row)
 
     def _write_checkpoint(self, state: dict[str, Any], rounds_done: int, row: dict[str, Any]) -> None:
-        records.atomic_torch_save(state, self.out / "checkpoints" / "last.ckpt",
-                                  before_replace=lambda: records.fault("ckpt", rounds_done))
+        path = self.out / "checkpoints" / "last.ckpt"
+        with _disk_errors(path):
+            records.atomic_torch_save(state, path, before_replace=lambda: records.fault("ckpt", rounds_done))
         records.fault("metrics", rounds_done)
         self._append(row, keep=False)
 
     def _append(self, row: dict[str, Any], keep: bool = True) -> None:
         if keep:
             self.rows.append(row)
-        records.append_line(self.out / "metrics.jsonl", dumps(row))
+        with _disk_errors(self.out / "metrics.jsonl"):
+            records.append_line(self.out / "metrics.jsonl", dumps(row))
 
     def flush(self) -> None:
         """Wait until every checkpoint and metrics line handed over so far is on disk."""
@@ -210,6 +213,16 @@ class RunRecord:
                     self.logger.close()
                     self.logger = None
                 self.lock.release(refused=refused)
+
+
+@contextlib.contextmanager
+def _disk_errors(path: Path):
+    """A failed write (disk full, folder removed, read-only remount) is one message, not a traceback."""
+    try:
+        yield
+    except OSError as e:
+        raise ConfigError(f"cannot write {path}: {e.strerror or e}. Free space or fix the folder, then continue with "
+                          "`--resume auto` (rounds up to the last checkpoint are kept)") from None
 
 
 def _strict(obj: Any) -> Any:

@@ -103,6 +103,27 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
     return ckpt
 
 
+def meta_differences(there: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    """What makes a checkpoint's model and clients incompatible with this run (``key is A there and B here``)."""
+    return [f"{key} is {there.get(key)!r} there and {here[key]!r} here"
+            for key in ("algorithm", "model", "shapes", "num_clients", "seed") if there.get(key) != here[key]]
+
+
+def cpu_copy(obj: Any) -> Any:
+    """A private CPU copy of every tensor in ``obj`` (a checkpoint snapshot the next round cannot change)."""
+    return _map_tensors(obj, lambda t: t.detach().to("cpu", copy=True))
+
+
+def _map_tensors(obj: Any, fn) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(v, fn) for v in obj)
+    return obj
+
+
 class MetricsLog:
     """``metrics.jsonl``: one JSON object per completed round, appended and fsync'ed."""
 

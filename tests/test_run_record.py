@@ -230,3 +230,19 @@ def test_python_api_records_algorithm_hyperparameters_and_resume_compares_them(t
     assert cfg["algorithm"]["init_args"] == {"rho": 0.2}
     with pytest.raises(ConfigError, match="algorithm.init_args.rho is 0.2 there and 0.1 here"):
         run(0.1, resume="auto")
+
+
+def test_a_failed_background_write_is_one_message(tmp_path, monkeypatch):
+    import errno
+
+    from fedlight.errors import ConfigError
+
+    def full(obj, path, before_replace=None):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(records, "atomic_torch_save", full)
+    with pytest.raises(ConfigError, match="cannot write .*last.ckpt: No space left on device"):
+        fedlight.fit(tiny_cnn(), TensorClients(image_clients(), batch_size=4), fedlight.create("fedavg"),
+                     LoopConfig(rounds=2, clients_per_round=2, local_steps=1, progress=False),
+                     out_dir=str(tmp_path / "run"))
+    assert not (tmp_path / "run" / ".fedlight.lock").exists()  # the lock is released
