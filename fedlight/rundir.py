@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,11 @@ class RunLock:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError as e:
                     os.close(fd)
+                    if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):  # a file system without locks
+                        print(f"fedlight: warning: {self.path.parent} cannot be locked ({e.strerror}); make sure no "
+                              "other run uses it", file=sys.stderr)
+                        self.path.unlink(missing_ok=True)
+                        return
                     if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                         raise
                     raise ConfigError(f"`out_dir` {self.path.parent} is in use by another run ({self._holder()}); "
