@@ -155,3 +155,13 @@ def test_absurd_learning_rate_is_refused_before_training(tmp_path):
     out = tmp_path / "run"
     _refused(_cli("--out_dir", out, "--loop.lr", "1e300"), "`loop.lr`")
     assert not out.exists()
+
+
+def test_no_recipe_hard_codes_its_run_directory():
+    import yaml
+
+    recipes = sorted((ROOT / "recipes").rglob("*.yaml"))
+    assert recipes
+    for path in recipes:
+        cfg = yaml.safe_load(path.read_text()) or {}
+        assert "out_dir" not in cfg, f"{path}: a fixed out_dir makes runs of other settings collide"
