@@ -38,13 +38,50 @@ def command(name: str) -> Callable[[list[str]], int]:
     return getattr(importlib.import_module(module), fn)
 
 
+SCHEMA = """\
+A recipe is a YAML file of these keys; every key is also a flag (--loop.rounds 3, --algorithm.rho 0.05):
+
+  model:                          a torch.nn.Module             list them: fedlight ls models
+    class_path: fedlight.models.MLP                             its arguments: fedlight fit --model.help MLP
+    init_args: {in_features: 60, hidden: [32], num_classes: 10}
+  data:                           a federated data module       list them: fedlight ls datasets
+    class_path: fedlight.data.Synthetic                         its arguments: fedlight fit --data.help Synthetic
+    init_args:
+      num_clients: 30
+      partition: {class_path: fedlight.data.Dirichlet, init_args: {alpha: 0.1}}   fedlight ls partitioners
+  algorithm:                      default FedAvg                list them: fedlight ls algorithms
+    class_path: fedlight.algorithms.FedSAM                      its arguments: fedlight fit --algorithm.help fedsam
+    init_args: {rho: 0.05}
+  loop: {rounds: 100, clients_per_round: 10, local_steps: 5, lr: 0.1}             every loop key: below
+  seed, out_dir, accelerator, devices, num_nodes, precision, resume, overwrite:   below
+
+--model, --data and --algorithm also take a class name or (algorithms) a registry name: --algorithm fedsam.
+Recipes to start from: fedlight ls recipes."""
+
+
 def _parser(prog: str):
-    from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+    import re
+
+    from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter, set_parsing_settings
 
     from fedlight import api
 
+    class Formatter(DefaultHelpFormatter):
+        """The recipe schema verbatim; `fedlight ls X` instead of every importable subclass of nn.Module."""
+
+        def _fill_text(self, text, width, indent):
+            return text if text == SCHEMA else super()._fill_text(text, width, indent)
+
+        def _get_help_string(self, action):
+            text = super()._get_help_string(action)
+            section = {"model": "models", "data": "datasets", "algorithm": "algorithms"}.get(action.dest)
+            if section is None:
+                return text
+            return re.sub(r", known subclasses: [^)]*", f"; list them: fedlight ls {section}", text)
+
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    p = ArgumentParser(prog=prog, exit_on_error=False, description=api.fit.__doc__.split("\n")[0])
+    p = ArgumentParser(prog=prog, exit_on_error=False, description=SCHEMA, allow_abbrev=False,
+                       usage=f"{prog} --config RECIPE.yaml [--KEY VALUE ...]", formatter_class=Formatter)
     p.add_argument("--config", action=ActionConfigFile, help="recipe YAML file")
     p.add_function_arguments(api.fit, skip={"_config_text"}, fail_untyped=False)
     return p
@@ -55,8 +92,10 @@ def _parse(prog: str, argv: list[str]):
     from jsonargparse import ArgumentError
 
     import fedlight.algorithms  # noqa: F401 - registers algorithms; makes short names resolvable
+    from fedlight import flags
 
-    argv = _expand_algorithm_names(argv)
+    argv = flags.resolve_names(argv)
+    flags.check_keys(argv)
     parser = _parser(prog)
     try:
         cfg = parser.parse_args(argv)
@@ -68,25 +107,35 @@ def _parse(prog: str, argv: list[str]):
     except ConfigError:
         raise
     except (ArgumentError, ValueError, TypeError, ImportError, AttributeError) as e:
-        raise ConfigError(_explain(e)) from None
+        raise ConfigError(_explain(e, parser)) from None
     kwargs = {k: v for k, v in init.items() if k != "config"}
     return kwargs, text
 
 
-def _expand_algorithm_names(argv: list[str]) -> list[str]:
-    """``--algorithm fednsam`` (a registry name) means ``--algorithm fedlight.algorithms.FedNSAM``."""
-    from fedlight.registry import _REGISTRY
-
-    out = list(argv)
-    for i, a in enumerate(out):
-        if a == "--algorithm" and i + 1 < len(out) and out[i + 1] in _REGISTRY:
-            out[i + 1] = f"fedlight.algorithms.{_REGISTRY[out[i + 1]].cls.__name__}"
-        elif a.startswith("--algorithm=") and a.split("=", 1)[1] in _REGISTRY:
-            out[i] = f"--algorithm=fedlight.algorithms.{_REGISTRY[a.split('=', 1)[1]].cls.__name__}"
-    return out
+def _flags(parser) -> list[str]:
+    return [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
 
 
-def _explain(e: BaseException) -> str:
+def _unknown(msg: str, parser) -> str | None:
+    """The nearest key for ``unrecognized arguments: --loop.round 5`` or ``Group 'loop' does not accept ...``."""
+    import re
+
+    from fedlight.registry import closest
+
+    flag = re.search(r"unrecognized arguments: (--[^\s=]+)", msg)
+    if flag:
+        f = flag.group(1)
+        return (f"`{f}` is not a setting{closest(f, _flags(parser))} (every setting: `fedlight fit --help`; "
+                "prefixes are not expanded)")
+    group = re.search(r"Group '([^']+)' does not accept option '([^']+)'", msg)
+    if group:
+        g, key = group.groups()
+        keys = [f[len(g) + 3:] for f in _flags(parser) if f.startswith(f"--{g}.")]
+        return f"`{g}.{key}` is not a setting{closest(key, keys)} (every `{g}` key: `fedlight fit --help`)"
+    return None
+
+
+def _explain(e: BaseException, parser=None) -> str:
     """One readable message: the root ConfigError if there is one, else the most specific parser reason."""
     import re
 
@@ -101,6 +150,9 @@ def _explain(e: BaseException) -> str:
             return line.strip()[2:]
     if msg.strip().startswith("Unexpected config"):
         return "`--config` is empty or is not a mapping of settings (model, data, algorithm, loop, ...)"
+    unknown = _unknown(msg, parser) if parser is not None else None
+    if unknown:
+        return unknown
     keys = re.findall(r'Parser key "([^"]+)"', msg)
     reasons = [ln.strip() for ln in msg.splitlines() if "Got value" in ln or "not accepted" in ln]
     if len(keys) > 1 and reasons:
@@ -108,10 +160,12 @@ def _explain(e: BaseException) -> str:
     key = re.search(r'Parser key "([^"]+)"', msg)
     given = re.search(r"Given value: (\S+)$", msg.strip())
     if key and given and key.group(1) in ("algorithm", "model", "data", "data.partition"):
-        hint = {"algorithm": "fedlight ls algorithms", "model": "fedlight ls models", "data": "fedlight ls datasets",
-                "data.partition": "fedlight ls partitioners"}[key.group(1)]
+        from fedlight.flags import GROUPS
+
+        package, section, _ = GROUPS[key.group(1)]
         return (f"`{key.group(1)}`: {given.group(1)!r} is not a known class; use a class path such as "
-                f"fedlight.algorithms.FedAvg (list them with `{hint}`)")
+                f"{package}.{'FedAvg' if section == 'algorithms' else '<Name>'} (list them with "
+                f"`fedlight ls {section}`)")
     lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
     return lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
 
