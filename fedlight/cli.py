@@ -8,6 +8,7 @@ Bad input ends with one readable line on stderr and exit status 2, never a trace
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -92,13 +93,15 @@ def _parse(prog: str, argv: list[str]):
     from jsonargparse import ArgumentError
 
     import fedlight.algorithms  # noqa: F401 - registers algorithms; makes short names resolvable
-    from fedlight import flags
+    from fedlight import advice, flags
 
     argv = flags.resolve_names(argv)
     flags.check_keys(argv)
     parser = _parser(prog)
     try:
         cfg = parser.parse_args(argv)
+        paper = advice.paper_defaults(cfg, argv)  # an adaptive rule's lr where the user did not choose one
+        cfg = parser.parse_args(argv + paper) if paper else cfg
         text = parser.dump(cfg)
         import torch
 
@@ -218,6 +221,14 @@ def cmd_ls(argv: list[str]) -> int:
 
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """fedlight's own warnings as one ``fedlight: warning: ...`` line; others as Python prints them."""
+    if type(message).__module__.startswith("fedlight") or category.__module__.startswith("fedlight"):
+        print(f"fedlight: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -228,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedlight: error: unknown command {cmd!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     try:
-        return command(cmd)(rest)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return command(cmd)(rest)
     except ConfigError as e:
         print(f"fedlight {cmd}: error: {e}", file=sys.stderr)
         return 2
