@@ -7,6 +7,7 @@ Bad input ends with one readable line on stderr and exit status 2, never a trace
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -173,10 +174,27 @@ def _explain(e: BaseException, parser=None) -> str:
     return lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
 
 
+def cpu_threads(accelerator: str) -> None:
+    """On CPU, one intra-op thread per process unless ``OMP_NUM_THREADS`` says otherwise.
+
+    fedlight's CPU work is many small steps, where extra threads mostly wait on each other (and on other programs: the
+    quickstart measured in README.md runs an order of magnitude slower with torch's default thread count on a busy
+    machine). Processes launched for ``--devices N`` inherit the setting, so 1 and N processes compute alike.
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    import torch
+
+    if accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available()):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
 def cmd_fit(argv: list[str]) -> int:
     from fedlight import api
 
     kwargs, text = _parse("fedlight fit", argv)
+    cpu_threads(kwargs.get("accelerator", "auto"))
     summary = api.fit(**kwargs, _config_text=text)
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 

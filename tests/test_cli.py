@@ -150,3 +150,21 @@ def test_fit_help_shows_the_schema_not_every_module(capsys):
     for pointer in ("fedlight ls models", "fedlight ls algorithms", "fedlight ls datasets", "class_path:",
                     "init_args:", "--loop.rounds"):
         assert pointer in out, pointer
+
+
+def test_cpu_runs_use_one_thread_unless_told(monkeypatch):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        cli.cpu_threads("cpu")
+        assert torch.get_num_threads() == 2  # the user's choice stands
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        cli.cpu_threads("cuda")
+        assert torch.get_num_threads() == 2  # GPU runs keep torch's default
+        cli.cpu_threads("cpu")
+        assert torch.get_num_threads() == 1 and cli.os.environ["OMP_NUM_THREADS"] == "1"  # children inherit it
+    finally:
+        torch.set_num_threads(before)
