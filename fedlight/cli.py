@@ -100,9 +100,10 @@ def _parse(prog: str, argv: list[str]):
     flags.check_keys(argv)
     parser = _parser(prog)
     try:
-        cfg = parser.parse_args(argv)
+        plain = [a for a in argv if not a.startswith("--print_config")]  # printed below, with the paper's values
+        cfg = parser.parse_args(plain)
         paper = advice.paper_defaults(cfg, argv)  # an adaptive rule's lr where the user did not choose one
-        cfg = parser.parse_args(argv + paper) if paper else cfg
+        cfg = parser.parse_args(argv + paper) if paper or plain != argv else cfg
         text = parser.dump(cfg)
         import torch
 
@@ -254,7 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
-        print(f"fedlight: error: unknown command {cmd!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+        from fedlight.registry import closest
+
+        print(f"fedlight: error: unknown command {cmd!r}{closest(cmd, COMMANDS)} (commands: {', '.join(COMMANDS)})",
+              file=sys.stderr)
         return 2
     try:
         with warnings.catch_warnings():

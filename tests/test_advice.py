@@ -82,3 +82,9 @@ def test_fit_warns_and_the_cli_prints_one_line(tmp_path, capsys):
     assert code in (0, 1), err
     assert "fedlight: warning: `loop.lr` 0.5 is outside the range in which LocalAdamW trains" in err
     assert "Warning:" not in err and "Traceback" not in err
+
+
+def test_print_config_shows_the_paper_lr(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "--config", TINY, "--algorithm", "fedadamw", "--print_config"])
+    assert "lr: 0.0003" in capsys.readouterr().out

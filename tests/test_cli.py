@@ -168,3 +168,10 @@ def test_cpu_runs_use_one_thread_unless_told(monkeypatch):
         assert torch.get_num_threads() == 1 and cli.os.environ["OMP_NUM_THREADS"] == "1"  # children inherit it
     finally:
         torch.set_num_threads(before)
+
+
+def test_commands_and_ls_sections_suggest_too(capsys):
+    assert cli.main(["fitt"]) == 2
+    assert "did you mean 'fit'" in capsys.readouterr().err
+    assert cli.main(["ls", "algoritms"]) == 2
+    assert "did you mean 'algorithms'" in capsys.readouterr().err
