@@ -77,8 +77,8 @@ def init_keys(cls: type) -> list[str] | None:
         init = klass.__dict__.get("__init__")
         if init is None:
             continue
-        if klass.__module__.split(".")[0] != "fedlight":
-            return None  # e.g. nn.Module(*args, **kwargs): anything goes
+        if keys and klass.__module__.split(".")[0] != "fedlight":
+            return None  # **kwargs handed on to e.g. nn.Module(*args, **kwargs): anything goes
         params = list(inspect.signature(init).parameters.values())[1:]
         keys += [p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
         if not any(p.kind == p.VAR_KEYWORD for p in params):
