@@ -158,6 +158,18 @@ def _explain(e: BaseException, parser=None) -> str:
     unknown = _unknown(msg, parser) if parser is not None else None
     if unknown:
         return unknown
+    missing = re.search(r"module '(fedlight\.\w+)' has no attribute '(\w+)'", msg)
+    if missing:
+        from fedlight.flags import GROUPS
+        from fedlight.registry import closest
+
+        package, name = missing.groups()
+        for pkg, section, attr in GROUPS.values():
+            if pkg == package:
+                near = closest(name, getattr(sys.modules[pkg], attr), f"{pkg}.")
+                where = re.search(r'Parser key "([^"]+)"', msg)
+                return (f"{f'`{where.group(1)}`: ' if where else ''}{package}.{name} is not a known class{near} "
+                        f"(list them with `fedlight ls {section}`)")
     keys = re.findall(r'Parser key "([^"]+)"', msg)
     reasons = [ln.strip() for ln in msg.splitlines() if "Got value" in ln or "not accepted" in ln]
     if len(keys) > 1 and reasons:
@@ -165,12 +177,15 @@ def _explain(e: BaseException, parser=None) -> str:
     key = re.search(r'Parser key "([^"]+)"', msg)
     given = re.search(r"Given value: (\S+)$", msg.strip())
     if key and given and key.group(1) in ("algorithm", "model", "data", "data.partition"):
-        from fedlight.flags import GROUPS
+        import importlib
 
-        package, section, _ = GROUPS[key.group(1)]
-        return (f"`{key.group(1)}`: {given.group(1)!r} is not a known class; use a class path such as "
-                f"{package}.{'FedAvg' if section == 'algorithms' else '<Name>'} (list them with "
-                f"`fedlight ls {section}`)")
+        from fedlight.flags import GROUPS
+        from fedlight.registry import closest
+
+        package, section, attr = GROUPS[key.group(1)]
+        value = given.group(1).strip("'\"")
+        near = closest(value.rsplit(".", 1)[-1], getattr(importlib.import_module(package), attr), f"{package}.")
+        return (f"`{key.group(1)}`: {value!r} is not a known class{near} (list them with `fedlight ls {section}`)")
     lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
     return lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
 

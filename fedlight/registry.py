@@ -69,7 +69,7 @@ def closest(word: str, candidates, what: str = "") -> str:
                     for c in candidates)
     if not scored or scored[0][0] > max(2, len(_fold(word)) // 3):
         return ""
-    return f"; did you mean {what}{scored[0][2]!r}?"
+    return f"; did you mean {what + scored[0][2]!r}?"
 
 
 def get_algorithm(name: str) -> AlgorithmSpec:

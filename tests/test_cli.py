@@ -175,3 +175,13 @@ def test_commands_and_ls_sections_suggest_too(capsys):
     assert "did you mean 'fit'" in capsys.readouterr().err
     assert cli.main(["ls", "algoritms"]) == 2
     assert "did you mean 'algorithms'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--algorithm", "fedlight.algorithms.FedSMA"], "did you mean 'fedlight.algorithms.FedSAM'"),
+    (["--model", "fedlight.models.Resnet18x"], "did you mean 'fedlight.models.ResNet18'"),
+])
+def test_misspelt_class_paths_suggest_too(args, needle, capsys):
+    assert cli.main(["fit", "--config", TINY, *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("error:") == 1, err
