@@ -139,7 +139,8 @@ class LoopConfig:
         opt = _optimizer_class(self.optimizer)
         check(opt is not None, f"`loop.optimizer` {self.optimizer!r} is not an importable torch.optim.Optimizer "
               "subclass (e.g. torch.optim.SGD, torch.optim.AdamW)")
-        unknown = sorted(set(self.optimizer_args) - _init_params(opt) | set(self.optimizer_args) & {"params", "lr", "weight_decay"})
+        given = set(self.optimizer_args)
+        unknown = sorted(given - _init_params(opt) | given & {"params", "lr", "weight_decay"})
         check(not unknown, f"`loop.optimizer_args` {unknown} are not arguments {self.optimizer} takes from there "
               "(lr comes from `loop.lr`, weight decay from `loop.weight_decay`)")
         check(self.lr > 0 and math.isfinite(self.lr), f"`loop.lr` must be positive, got {self.lr}")
