@@ -103,7 +103,7 @@ def _cls_of(value: Any) -> type | None:
     return _import(value) if isinstance(value, str) and "." in value else None
 
 
-def _check_recipe(path: str, current: dict[str, type | None]) -> None:
+def _check_recipe(path: str, current: dict[str, type | None], named: set[str]) -> None:
     import yaml
 
     try:
@@ -120,6 +120,7 @@ def _check_recipe(path: str, current: dict[str, type | None]) -> None:
                 node = node.get("init_args")
         if node is None:
             continue
+        named.add(group)
         cls = _cls_of(node)
         if cls is not None:
             current[group] = cls
@@ -131,20 +132,25 @@ def _check_recipe(path: str, current: dict[str, type | None]) -> None:
 def check_keys(argv: list[str]) -> None:
     """Every ``--model/--data/--algorithm`` key in ``argv`` and in its ``--config`` recipes is one its class takes."""
     current: dict[str, type | None] = dict.fromkeys(GROUPS)
+    named: set[str] = set()
     for i, a in enumerate(argv):
         flag, eq, val = a.partition("=")
         val = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
         if flag == "--config":
-            _check_recipe(val, current)
+            _check_recipe(val, current, named)
             continue
         for group in sorted(GROUPS, key=len, reverse=True):  # data.partition before data
             if flag == f"--{group}":
                 current[group] = _cls_of(val) or current[group]
+                named.add(group)
                 break
             if flag.startswith(f"--{group}."):
                 rest = flag[len(group) + 3:].split(".")
                 rest = rest[1:] if rest[0] == "init_args" and len(rest) > 1 else rest
                 if group == "data" and rest[0] == "partition":
                     break
+                if group == "algorithm" and group not in named and rest[0] not in SPECIAL:
+                    raise ConfigError(f"`{flag}`: no algorithm is named (the default is FedAvg); name one before its "
+                                      f"arguments, e.g. `--algorithm fedsam {flag} ...`")
                 _check_key(group, current[group], rest[0], f"`{flag}`")
                 break

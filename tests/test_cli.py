@@ -185,3 +185,12 @@ def test_misspelt_class_paths_suggest_too(args, needle, capsys):
     assert cli.main(["fit", "--config", TINY, *args]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("error:") == 1, err
+
+
+def test_algorithm_arguments_without_an_algorithm_say_what_to_do(capsys, tmp_path):
+    recipe = tmp_path / "no_algorithm.yaml"
+    recipe.write_text("\n".join(ln for ln in Path(TINY).read_text().splitlines()
+                                if "algorithm" not in ln and "SCAFFOLD" not in ln))
+    assert cli.main(["fit", "--config", str(recipe), "--algorithm.rho", "0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "no algorithm is named" in err and "--algorithm fedsam --algorithm.rho" in err, err
