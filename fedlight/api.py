@@ -60,7 +60,10 @@ def fit(
     Returns:
         The summary (also written to ``out_dir/summary.json``).
     """
+    from fedlight.advice import check_scales
+
     algorithm = algorithm if algorithm is not None else _default_algorithm()
+    check_scales(algorithm, loop)  # an adaptive rule at an SGD-scale lr warns before round 1
     _check_args(data, loop, devices, num_nodes)
     accelerator, precision = _resolve_device(accelerator, precision, algorithm)
     model, text = _model_and_config(model, data, algorithm, loop, seed, precision, _config_text)

@@ -64,6 +64,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlight import params as P
+from fedlight.advice import Scale
 from fedlight.algorithms.compose import values
 from fedlight.algorithms.fedlada import AmendedAdam
 from fedlight.errors import ConfigError, check
@@ -316,6 +317,8 @@ class FedAdamW(Algorithm):
         decoupled: decoupled weight decay (AdamW); False is coupled L2.
         variant: 2 (Algorithm 2) or 3 (Algorithm 3).
     """
+
+    scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.advice
 
     def __init__(self, alpha: float = 0.5, lam: float | None = None, beta1: float | None = None,
                  beta2: float = 0.999, eps: float = 1e-8, server_lr: float = 1.0,
