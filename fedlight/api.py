@@ -16,6 +16,7 @@ from fedlight.record import RUN_FILES, RunRecord
 from fedlight.records import load_checkpoint
 from fedlight.rules import Algorithm
 from fedlight.rundir import LOCK_NAME, check_out_dir, differences, settings_hash, split_settings
+from fedlight.spec import describe
 
 PRECISIONS = ("32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed")
 
@@ -121,6 +122,10 @@ def _model_and_config(model, data, algorithm, loop, seed, precision, text):
         model = build(spec)
     if text is None:
         text = _describe(model, data, algorithm, loop, seed, precision=precision, model_spec=spec)
+        if spec is None and "init_args" not in describe(model):
+            print(f"fedlight: note: config.yaml records the model {type(model).__name__} by class path only; pass "
+                  "it to fit as a class-path spec ({'class_path': ..., 'init_args': {...}}) so landscape, sharpness "
+                  "and --resume can rebuild it", file=sys.stderr)
     return model, text
 
 
@@ -217,7 +222,7 @@ def _hparams(algorithm, loop, seed) -> dict[str, Any]:
     for k, v in dataclasses.asdict(loop).items():
         if isinstance(v, (int, float, str, bool)):
             flat[f"loop.{k}"] = v
-    for k, v in vars(algorithm).items():
+    for k, v in {**vars(algorithm), **vars(algorithm).get("_init_args", {})}.items():
         if isinstance(v, (int, float, str, bool)):
             flat[f"algorithm.{k}"] = v
     return flat
