@@ -6,6 +6,7 @@ same directory and renamed over the target.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -114,9 +115,18 @@ def cpu_copy(obj: Any) -> Any:
     return _map_tensors(obj, lambda t: t.detach().to("cpu", copy=True))
 
 
+def to_device(obj: Any, device) -> Any:
+    """``obj`` with every tensor moved to ``device`` (dicts, lists, tuples and dataclasses such as
+    :class:`~fedlight.rules.ClientResult`, recursively)."""
+    return _map_tensors(obj, lambda t: t.to(device))
+
+
 def _map_tensors(obj: Any, fn) -> Any:
     if isinstance(obj, torch.Tensor):
         return fn(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _map_tensors(getattr(obj, f.name), fn)
+                                           for f in dataclasses.fields(obj) if f.init})
     if isinstance(obj, dict):
         return {k: _map_tensors(v, fn) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

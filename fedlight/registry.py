@@ -34,9 +34,6 @@ def register(name: str, *, paper: str, backprops: int = 1, comm: tuple[float, fl
             raise ValueError(f"algorithm name {name!r} registered twice")
         cls.name = name
         _REGISTRY[name] = AlgorithmSpec(name, cls, paper, backprops, comm, stateful_clients)
-        from fedlight.spec import remember_init_args
-
-        remember_init_args(cls)  # a Python-API run's config.yaml records the hyperparameters it was built with
         return cls
 
     return deco

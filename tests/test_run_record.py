@@ -246,3 +246,16 @@ def test_a_failed_background_write_is_one_message(tmp_path, monkeypatch):
                      LoopConfig(rounds=2, clients_per_round=2, local_steps=1, progress=False),
                      out_dir=str(tmp_path / "run"))
     assert not (tmp_path / "run" / ".fedlight.lock").exists()  # the lock is released
+
+
+def test_an_unregistered_algorithm_subclass_records_its_arguments():
+    """``Algorithm.__init_subclass__`` wraps every subclass, registered or not (a user's own rule in a script)."""
+    from fedlight.rules import Algorithm, ServerRule
+    from fedlight.spec import describe
+
+    class Mine(Algorithm):
+        def __init__(self, server_lr: float = 1.0, note: str = "x") -> None:
+            super().__init__(server=ServerRule(server_lr))
+
+    spec = describe(Mine(server_lr=0.5))
+    assert spec["init_args"] == {"server_lr": 0.5}
