@@ -14,8 +14,8 @@ import pytest
 
 from fedlight.rundir import RunLock
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY = str(Path(__file__).parent / "configs" / "tiny.yaml")
+ROOT = Path(__file__).resolve().parent.parent.parent
+TINY = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 

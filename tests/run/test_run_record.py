@@ -22,8 +22,8 @@ from fedlight.progress import Progress
 from fedlight.record import RunRecord
 from fedlight.sampling import sample_clients
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY = str(Path(__file__).parent / "configs" / "tiny.yaml")
+ROOT = Path(__file__).resolve().parent.parent.parent
+TINY = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 MLP_SPEC = {"class_path": "fedlight.models.MLP", "init_args": {"in_features": 60, "hidden": [16], "num_classes": 10}}
 

@@ -117,7 +117,7 @@ def test_vmap_chunk_is_validated():
 
 def test_two_processes_with_vmap_equal_one_sequential(tmp_path):
     names = ["fedavg", "scaffold", "fedsam", "fedcm_client"]
-    script = Path(__file__).parent / "algorithms" / "mp_contract.py"
+    script = Path(__file__).parent.parent / "algorithms" / "mp_contract.py"
     out = tmp_path / "p2.pt"
     res = subprocess.run([sys.executable, str(script), "2", str(out), "vmap", *names], capture_output=True,
                          text=True, timeout=600, cwd=script.parent)

@@ -8,7 +8,7 @@ import pytest
 
 from fedlight import cli
 
-TINY = Path(__file__).parent / "configs" / "tiny.yaml"
+TINY = Path(__file__).parent.parent / "configs" / "tiny.yaml"
 
 # (extra CLI args, substring the message must contain)
 CLI_CASES = [

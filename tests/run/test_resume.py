@@ -19,7 +19,7 @@ from fedlight.data import TensorClients
 from fedlight.errors import ConfigError
 from fedlight.sampling import client_fails, sample_clients
 
-TINY = str(Path(__file__).parent / "configs" / "tiny.yaml")
+TINY = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
 ROUNDS = ["--loop.rounds", "4", "--loop.eval_every", "1"]
 
 

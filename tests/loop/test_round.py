@@ -17,7 +17,7 @@ from fedlight.args import LoopConfig
 from fedlight.data import TensorClients
 from fedlight.sampling import client_generator, sample_clients
 
-CONFIGS = Path(__file__).parent / "configs"
+CONFIGS = Path(__file__).parent.parent / "configs"
 
 
 @pytest.mark.parametrize("lr", [0.05, 5.0])  # 5.0: the clip (max norm 1) is active on every step
