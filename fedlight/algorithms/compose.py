@@ -52,7 +52,7 @@ class Perturbation:
     uses_backprop: bool = False
     needs_true_grad_norm: bool = True
     """Whether ``e`` depends on a gradient norm (then fp16 loss scaling would corrupt it and ``16-mixed`` is
-    refused). Perturbations built from parameter differences (LESAM, NSAM, WMSAM) set it False."""
+    refused). Perturbations built from parameter differences (LESAM, NSAM) set it False; WMSAM keeps it True."""
 
     def start(self, model: nn.Module, ctx: LocalContext) -> None:
         """Per-client set-up at the start of the round."""
