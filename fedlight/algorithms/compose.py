@@ -137,6 +137,8 @@ class ServerWrapper(ServerRule):
         super().__init__(inner.lr)
         self.inner = inner
         self.summed_extras = frozenset(self.summed_extras | inner.summed_extras)
+        if self.weighting is None:
+            self.weighting = inner.weighting  # a plain mean written by the inner rule's paper holds for the whole rule
 
     def setup(self, params: Params) -> None:
         self.inner.setup(params)

@@ -254,6 +254,7 @@ class FedAdamWServer(ServerRule):
     """``x ← x + η_g·Δ̄`` (Alg. 3: ``x ← x − γ·Δ_G``); ``v̄ ← mean v̄_i``; ``Δ_G ← −Δ̄/(Kη)``; ``t ← t + K``."""
 
     state_keys = ("delta_G", "v_bar", "t")
+    weighting = "uniform"  # Algorithm 2, lines 18–20: Δ_G, x and v̄ are plain means over the S clients
 
     def __init__(self, blocks: _Blocks, lr: float = 1.0, aggregate_v: bool = True, variant: int = 2) -> None:
         super().__init__(lr)

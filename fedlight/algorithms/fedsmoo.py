@@ -23,8 +23,7 @@ Notes on the reference code (the authors' FL-Simulator, ``optimizer/DRegSAM.py``
 * it normalizes with ``‖·‖ + 1e-7``; fedlight uses SAM's 1e-12 guard for e and an exact unit vector for s;
 * it adds ``λ·y`` through SGD weight decay, i.e. after the gradient clip; fedlight keeps the whole FedDyn term
   inside the clip (the fedlight convention for correction terms). Identical whenever the clip is inactive;
-* ``mean_S`` is the loop's aggregation mean (sample-weighted by default; uniform, as in the code, with
-  ``loop.weighting: uniform`` or equal client sizes).
+* ``mean_S`` is the plain mean over S (FedDyn's server, ``weighting = "uniform"``), as in the paper and the code.
 """
 
 from __future__ import annotations
