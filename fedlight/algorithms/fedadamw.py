@@ -64,7 +64,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlight import params as P
-from fedlight.algorithms.compose import values
+from fedlight.algorithms.compose import InRoundLR, in_round_cosine, values
 from fedlight.algorithms.fedlada import AmendedAdam
 from fedlight.errors import ConfigError, check
 from fedlight.params import Params
@@ -316,13 +316,16 @@ class FedAdamW(Algorithm):
         aggregate_v: start local v from the aggregated v̄ (False: v_0 = 0, nothing about v is sent).
         decoupled: decoupled weight decay (AdamW); False is coupled L2.
         variant: 2 (Algorithm 2) or 3 (Algorithm 3).
+        local_schedule: the lr over a round's K local steps: "constant" (η_r throughout) or "cosine"
+            (η_k = ½η_r(1 + cos(πk/K)), the paper's Swin/RoBERTa set-ups, Appendix C), on top of the round schedule.
     """
 
     def __init__(self, alpha: float = 0.5, lam: float | None = None, beta1: float | None = None,
                  beta2: float = 0.999, eps: float = 1e-8, server_lr: float = 1.0,
                  blocks: Literal["tensor", "hessian", "none"] = "tensor", head_dim: int = 64,
                  min_block_size: int = 512, max_blocks: int | None = None, aggregate_v: bool = True,
-                 decoupled: bool = True, variant: Literal[2, 3] = 2) -> None:
+                 decoupled: bool = True, variant: Literal[2, 3] = 2,
+                 local_schedule: Literal["constant", "cosine"] = "constant") -> None:
         check(variant in (2, 3), f"`algorithm.variant` must be 2 or 3, got {variant!r}")
         lam = (0.01 if variant == 2 else 0.0) if lam is None else lam
         beta1 = (0.9 if variant == 2 else 0.0) if beta1 is None else beta1
@@ -341,6 +344,10 @@ class FedAdamW(Algorithm):
               f"`algorithm.min_block_size` must be an integer >= 1, got {min_block_size!r}")
         check(max_blocks is None or (isinstance(max_blocks, int) and max_blocks >= 1),
               f"`algorithm.max_blocks` must be null or an integer >= 1, got {max_blocks!r}")
+        check(local_schedule in ("constant", "cosine"),
+              f"`algorithm.local_schedule` must be 'constant' or 'cosine', got {local_schedule!r}")
         part = _Blocks(blocks, head_dim, min_block_size, max_blocks)
-        super().__init__(FedAdamWClient(part, alpha, lam, beta1, beta2, eps, decoupled, aggregate_v, variant),
-                         FedAdamWServer(part, server_lr, aggregate_v, variant))
+        client: LocalUpdateRule = FedAdamWClient(part, alpha, lam, beta1, beta2, eps, decoupled, aggregate_v, variant)
+        if local_schedule == "cosine":
+            client = InRoundLR(client, in_round_cosine)  # η_k inside the round; Δ_G still divides by K·η_r (line 18)
+        super().__init__(client, FedAdamWServer(part, server_lr, aggregate_v, variant))

@@ -24,7 +24,7 @@ control variates are in ``docs/algorithms.md`` (FedSWA / FedMoSWA).
 from __future__ import annotations
 
 from fedlight import params as P
-from fedlight.algorithms.compose import ComposedClient, ServerWrapper
+from fedlight.algorithms.compose import ComposedClient, InRoundLR, ServerWrapper
 from fedlight.algorithms.scaffold import ScaffoldCorrection
 from fedlight.errors import check
 from fedlight.registry import register
@@ -36,11 +36,9 @@ def in_round_lr(lr: float, k: int, K: int, rho: float) -> float:
     return lr * (1.0 - (1.0 - rho) * k / K)
 
 
-class InRoundLinearLR(LocalUpdateRule):
-    """Runs ``inner`` with the local lr falling linearly from ``η_l`` towards ``ρ·η_l`` inside the round.
-
-    Before local step ``k`` the optimizer's lr is set to ``η_k`` (:func:`in_round_lr`); ``ctx.lr_sum`` then
-    accumulates ``Σ_k η_k`` for rules that divide by it.
+class InRoundLinearLR(InRoundLR):
+    """Runs ``inner`` with the local lr falling linearly from ``η_l`` towards ``ρ·η_l`` inside the round
+    (:func:`in_round_lr`).
 
     Args:
         inner: the client rule whose steps are rescheduled.
@@ -48,21 +46,8 @@ class InRoundLinearLR(LocalUpdateRule):
     """
 
     def __init__(self, inner: LocalUpdateRule, rho: float) -> None:
-        self.inner, self.rho = inner, rho
-        self.needs_true_grad_norm = inner.needs_true_grad_norm
-
-    def make_optimizer(self, params, lr, default):
-        return self.inner.make_optimizer(params, lr, default)
-
-    def start(self, model, ctx):
-        self.inner.start(model, ctx)
-
-    def step(self, model, batch, ctx):
-        ctx.set_lr(in_round_lr(ctx.lr, ctx.step_index, ctx.num_steps, self.rho))  # η_k
-        return self.inner.step(model, batch, ctx)
-
-    def finish(self, model, ctx):
-        return self.inner.finish(model, ctx)
+        super().__init__(inner, lambda lr, k, K: in_round_lr(lr, k, K, rho))
+        self.rho = rho
 
 
 class MoSWACorrection(ScaffoldCorrection):
