@@ -128,12 +128,12 @@ class LadaClient(LocalUpdateRule):
         self.gamma, self.beta1, self.beta2, self.eps = gamma, beta1, beta2, eps
 
     def make_optimizer(self, params, lr, default):
-        wd = default(params, lr=lr).defaults.get("weight_decay", 0.0)  # the loop's weight_decay
-        return AmendedAdam(params, lr, self.beta1, self.beta2, self.eps, weight_decay=wd, decoupled=False,
-                           adam_scale=1 - self.gamma)  # lr (1 − γ)·η
+        return AmendedAdam(params, lr, self.beta1, self.beta2, self.eps, weight_decay=0.0, decoupled=False,
+                           adam_scale=1 - self.gamma)  # lr (1 − γ)·η; λ is set in start
 
     def start(self, model, ctx):
         super().start(model, ctx)
+        ctx.optimizer.weight_decay = ctx.weight_decay  # the loop's λ, coupled L2
         bc = ctx.broadcast
         b = torch._foreach_mul(values(bc.extras["m_tilde"], ctx.params), -self.gamma / ctx.num_steps)  # −γ·m̃/K
         ctx.optimizer.begin_round(v0=values(bc.extras["v_bar"], ctx.params), extra=b)  # m_0 = 0, v_0 = v̄
