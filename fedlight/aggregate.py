@@ -1,116 +1,140 @@
-"""Weighted sums of client results within a rank and across ranks.
+"""Weighted sums of client outcomes within a rank and across ranks.
 
-Sums are kept in float64, so the order in which clients are added (which depends on how they are
-spread over processes) changes the result by far less than one float32 ulp: 1 and N processes agree.
+Sums are kept in float64, so the order in which clients are added (which depends on how they are spread over
+processes) changes the result by far less than one float32 ulp: 1 and N processes agree.
+
+What is summed is a small tree: ``delta``, ``extras``, ``buffers`` and the rule's ``metrics`` (from
+:class:`~fedlight.rules.ClientResult`) beside the loop's own statistics (``stats``: training loss, weighted
+``‖Δ‖²``) and scalar counters. The tree is flattened by its key paths for the all-reduce; no key carries
+meaning in its spelling.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from fedlight import params as P
+from fedlight.params import Params
 from fedlight.rules import ClientResult
+from fedlight.runners.base import ClientOutcome
+
+Path = tuple[str, ...]
+COUNTERS = ("weight", "count", "num_samples", "bytes_down", "bytes_up")
+
+
+@dataclass
+class Reduced:
+    """The round's aggregate, identical on every rank."""
+
+    result: ClientResult
+    """``Σ w_i Δ_i / Σ w_i`` (extras likewise, or plain sums for ``summed_extras``); rule metrics averaged
+    uniformly over clients; ``num_samples`` the total."""
+    buffers: Params
+    """Weighted mean of the clients' floating-point buffers (float64)."""
+    train_loss: Tensor
+    """Mean over clients of each client's mean training loss."""
+    delta_sqnorm: Tensor
+    """``Σ w_i ‖Δ_i‖² / Σ w_i``."""
+    counters: dict[str, float]
+    """``weight``, ``count`` (clients), ``num_samples``, ``bytes_down``, ``bytes_up`` summed over clients."""
 
 
 class Accumulator:
-    """Running ``Σ w_i·Δ_i``, ``Σ w_i·extras_i`` (or plain sums), ``Σ w_i·buffers_i`` and metric means."""
+    """Running float64 sums of client outcomes (see the module docstring)."""
 
     def __init__(self, summed_extras: frozenset[str] = frozenset(), device: torch.device | str = "cpu") -> None:
         self.summed = summed_extras
         self.device = torch.device(device)
-        self.delta: dict[str, Tensor] | None = None
-        self.extras: dict[str, dict[str, Tensor]] = {}
-        self.buffers: dict[str, Tensor] = {}
-        self.metrics: dict[str, Tensor] = {}
-        self.scalars = {"weight": 0.0, "count": 0.0, "num_samples": 0.0, "bytes_down": 0.0, "bytes_up": 0.0}
+        self.tree: dict[str, Any] | None = None
         self.dtype: torch.dtype | None = None
+        self.counters = dict.fromkeys(COUNTERS, 0.0)
 
-    def add(self, res: ClientResult, w: float, buffers: dict[str, Tensor], bytes_down: int, bytes_up: int) -> None:
-        if self.delta is None:
+    def add(self, out: ClientOutcome, w: float, buffers: Params, bytes_down: int, bytes_up: int) -> None:
+        """Add one client with weight ``w`` (``buffers``: its float buffers, or ``{}`` when not averaged)."""
+        res = out.result
+        if self.tree is None:
             self.dtype = next(iter(res.delta.values())).dtype
-            self.delta = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in res.delta.items()}
-            self.extras = {e: {k: torch.zeros_like(v, dtype=torch.float64) for k, v in p.items()}
-                           for e, p in res.extras.items()}
-            self.buffers = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in buffers.items()}
-        dev = next(iter(self.delta.values())).device
-        _axpy(self.delta, res.delta, w)
+            self.tree = _zeros({"delta": res.delta, "extras": res.extras, "buffers": buffers,
+                                "metrics": {k: out.train_loss for k in res.metrics},
+                                "stats": {"train_loss": out.train_loss, "delta_sqnorm": out.delta_sqnorm}})
+        t = self.tree
+        _axpy(t["delta"], res.delta, w)
         for e, p in res.extras.items():
-            _axpy(self.extras[e], p, 1.0 if e in self.summed else w)
-        _axpy(self.buffers, buffers, w)
+            _axpy(t["extras"][e], p, 1.0 if e in self.summed else w)
+        _axpy(t["buffers"], buffers, w)
         for k, v in res.metrics.items():
-            t = torch.as_tensor(v, dtype=torch.float64, device=dev).detach()
-            self.metrics[k] = self.metrics.get(k, torch.zeros((), dtype=torch.float64, device=dev)) + t
-        s = res.metrics["delta_sqnorm"]
-        self.metrics["delta_sqnorm_w"] = self.metrics.get("delta_sqnorm_w", 0) + w * torch.as_tensor(
-            s, dtype=torch.float64, device=dev)
-        self.scalars["weight"] += w
-        self.scalars["count"] += 1
-        self.scalars["num_samples"] += res.num_samples
-        self.scalars["bytes_down"] += bytes_down
-        self.scalars["bytes_up"] += bytes_up
+            t["metrics"][k] += torch.as_tensor(v, dtype=torch.float64, device=t["metrics"][k].device).detach()
+        t["stats"]["train_loss"] += out.train_loss.detach()
+        t["stats"]["delta_sqnorm"] += w * out.delta_sqnorm.detach()
+        for k, v in zip(COUNTERS, (w, 1, res.num_samples, bytes_down, bytes_up)):
+            self.counters[k] += v
 
-    def layout(self) -> list[tuple[str, tuple[int, ...], str]] | None:
-        """(flat key, shape, dtype) of everything summed, so a rank with no clients can join the all-reduce."""
-        if self.delta is None:
+    def layout(self) -> tuple[str, list[tuple[Path, tuple[int, ...]]]] | None:
+        """(dtype, [(key path, shape)]) of everything summed, so a rank with no clients can join the all-reduce."""
+        if self.tree is None:
             return None
-        return [(k, tuple(v.shape), str(self.dtype)) for k, v in self._all().items()]
+        return str(self.dtype), [(path, tuple(v.shape)) for path, v in _leaves(self.tree)]
 
-    def ensure(self, layout: list[tuple[str, tuple[int, ...], str]]) -> None:
+    def ensure(self, layout: tuple[str, list[tuple[Path, tuple[int, ...]]]]) -> None:
         """Create zero sums from another rank's ``layout`` when this rank trained no client."""
-        if self.delta is not None:
+        if self.tree is not None:
             return
-        dev = self.device
-        self.dtype = getattr(torch, layout[0][2].split(".")[-1])
-        self.delta = {}
-        for key, shape, _ in layout:
-            z = torch.zeros(shape, dtype=torch.float64, device=dev)
-            kind, _, name = key.partition("/")
-            if kind == "d":
-                self.delta[name] = z
-            elif kind == "e":
-                e, _, k = name.partition("/")
-                self.extras.setdefault(e, {})[k] = z
-            elif kind == "b":
-                self.buffers[name] = z
-            else:
-                self.metrics[name] = z
+        dtype, leaves = layout
+        self.dtype = getattr(torch, dtype.split(".")[-1])
+        self.tree = _rebuild([path for path, _ in leaves],
+                             [torch.zeros(shape, dtype=torch.float64, device=self.device) for _, shape in leaves])
 
-    def _all(self) -> dict[str, Tensor]:
-        flat: dict[str, Tensor] = {}
-        for k, v in self.delta.items():
-            flat[f"d/{k}"] = v
-        for e, p in self.extras.items():
-            for k, v in p.items():
-                flat[f"e/{e}/{k}"] = v
-        for k, v in self.buffers.items():
-            flat[f"b/{k}"] = v
-        for k, v in self.metrics.items():
-            flat[f"m/{k}"] = v
-        return flat
-
-    def reduce(self, fabric: Any) -> tuple[ClientResult, dict[str, Tensor], dict[str, float]]:
-        """All-reduce (sum) across ranks and normalize. Every rank gets the same result."""
-        flat = self._all()
-        dev = next(iter(flat.values())).device
-        scal = torch.tensor(list(self.scalars.values()), dtype=torch.float64, device=dev)
+    def reduce(self, fabric: Any) -> Reduced:
+        """All-reduce (sum) across ranks and normalise. Every rank gets the same result."""
+        leaves = _leaves(self.tree)
+        flat = [v for _, v in leaves]
+        dev = flat[0].device
+        counters = torch.tensor(list(self.counters.values()), dtype=torch.float64, device=dev)
         if fabric is not None and fabric.world_size > 1:
-            vec = torch.cat([P.flatten(flat), scal])
-            vec = fabric.all_reduce(vec, reduce_op="sum")
-            flat = P.unflatten(vec[: -len(scal)], flat)
-            scal = vec[-len(scal):]
-        s = dict(zip(self.scalars, scal.tolist()))
-        W, n = s["weight"], s["count"]
-        cast = lambda v, div: (v / div).to(self.dtype)  # noqa: E731
-        delta = {k: cast(flat[f"d/{k}"], W) for k in self.delta}
-        extras = {e: {k: cast(flat[f"e/{e}/{k}"], 1.0 if e in self.summed else W) for k in p}
-                  for e, p in self.extras.items()}
-        buffers = {k: flat[f"b/{k}"] / W for k in self.buffers}
-        metrics = {k: flat[f"m/{k}"] / (W if k == "delta_sqnorm_w" else n) for k in self.metrics}
-        agg = ClientResult(delta=delta, num_samples=int(s["num_samples"]), extras=extras, metrics=metrics)
-        return agg, buffers, s
+            vec = fabric.all_reduce(torch.cat([*(v.reshape(-1) for v in flat), counters]), reduce_op="sum")
+            flat = P.unflatten(vec[: -len(counters)], dict(enumerate(flat))).values()
+            counters = vec[-len(counters):]
+            self.tree = _rebuild([p for p, _ in leaves], flat)
+        c = dict(zip(COUNTERS, counters.tolist()))
+        W, n, t = c["weight"], c["count"], self.tree
+        mean = lambda v, div: (v / div).to(self.dtype)  # noqa: E731
+        result = ClientResult(
+            delta={k: mean(v, W) for k, v in t["delta"].items()}, num_samples=int(c["num_samples"]),
+            extras={e: {k: mean(v, 1.0 if e in self.summed else W) for k, v in p.items()}
+                    for e, p in t["extras"].items()},
+            metrics={k: v / n for k, v in t["metrics"].items()})
+        return Reduced(result=result, buffers={k: v / W for k, v in t["buffers"].items()},
+                       train_loss=t["stats"]["train_loss"] / n, delta_sqnorm=t["stats"]["delta_sqnorm"] / W,
+                       counters=c)
+
+
+def _zeros(tree: dict[str, Any]) -> dict[str, Any]:
+    return {k: _zeros(v) if isinstance(v, dict) else torch.zeros_like(v, dtype=torch.float64)
+            for k, v in tree.items()}
+
+
+def _leaves(tree: dict[str, Any], prefix: Path = ()) -> list[tuple[Path, Tensor]]:
+    out: list[tuple[Path, Tensor]] = []
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.extend(_leaves(v, (*prefix, k)))
+        else:
+            out.append(((*prefix, k), v))
+    return out
+
+
+def _rebuild(paths: list[Path], values) -> dict[str, Any]:
+    tree: dict[str, Any] = {"delta": {}, "extras": {}, "buffers": {}, "metrics": {}, "stats": {}}
+    for path, v in zip(paths, values):
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = v
+    return tree
 
 
 def _axpy(acc: dict[str, Tensor], x: dict[str, Tensor], w: float) -> None:

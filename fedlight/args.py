@@ -29,14 +29,28 @@ class LRSchedule:
         return lr0
 
 
-def _importable(path: str) -> bool:
+def _optimizer_class(path: str) -> type | None:
+    """The ``torch.optim.Optimizer`` subclass at ``path``, or None."""
+    import torch
+
+    try:
+        cls = _load(path)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) else None
+
+
+def _load(path: str) -> type:
     import importlib
 
     module, _, name = path.rpartition(".")
-    try:
-        return isinstance(getattr(importlib.import_module(module), name), type)
-    except (ImportError, AttributeError, ValueError):
-        return False
+    return getattr(importlib.import_module(module), name)
+
+
+def _init_params(cls: type) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(cls.__init__).parameters)
 
 
 @dataclass
@@ -56,13 +70,15 @@ class LoopConfig:
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
     """Round schedule of the local learning rate."""
     optimizer: str = "torch.optim.SGD"
-    """Local optimizer class path (rules with their own optimizer, e.g. FedAdamW, ignore it)."""
+    """Local optimizer: the class path of a ``torch.optim.Optimizer`` subclass, built per client as
+    ``cls(params, lr=η_r, weight_decay=loop.weight_decay, [momentum=loop.momentum,] **loop.optimizer_args)``
+    (rules with their own optimizer, e.g. FedAdamW, ignore it)."""
     momentum: float = 0.0
-    """Local SGD momentum (0 in the seed papers)."""
+    """Local momentum, for optimizers that take one (SGD; 0 in the seed papers)."""
     weight_decay: float = 1.0e-3
     """Local weight decay (coupled for SGD, added after clipping)."""
     optimizer_args: dict = field(default_factory=dict)
-    """Extra keyword arguments for the local optimizer."""
+    """The optimizer's other init arguments (checked against its signature), e.g. {betas: [0.9, 0.99]}."""
     max_grad_norm: float | None = 10.0
     """Joint L2 clip of the local step direction; null disables."""
     weighting: Literal["samples", "uniform"] = "samples"
@@ -85,21 +101,31 @@ class LoopConfig:
     skip_client (drop that client's update for the round, count it, go on)."""
     client_dropout: float = 0.0
     """Probability that a sampled client fails to report (seeded by (seed, round, client)); its state is untouched."""
-    client_parallelism: Literal["sequential", "vmap"] = "sequential"
-    """sequential: each process trains its clients one after another on one model. vmap: it trains them together,
-    stacked along a client dimension (torch.func.vmap + functional_call; faster for small models, memory grows
-    with the chunk). Clients go together when their step count, batch sizes and state keys agree; rules that cannot
-    run stacked are refused before training."""
+    client_parallelism: Literal["auto", "sequential", "vmap"] = "auto"
+    """How each process runs its clients (the runner; the run's log says which ran and why). auto: vmap + compile
+    on a CUDA device when the rule and model allow it, else sequential. sequential: one after another on one
+    model. vmap: together, stacked along a client dimension (torch.func.vmap + functional_call; memory grows with
+    the chunk); clients go together when their step count, batch sizes and state keys agree; rules that cannot run
+    stacked are refused before training."""
     vmap_chunk: int | None = None
     """vmap only: at most this many clients trained together (bounds memory); null: all of a group."""
     channels_last: bool = False
     """Keep convolution weights and 4-D input batches in channels-last memory format (faster tensor-core
     convolutions on GPU; no effect on the math)."""
-    compile: bool | str = False
-    """torch.compile the model (sequential training only): true uses the default backend (inductor); a string
-    names a backend (e.g. "aot_eager"). The first rounds pay the compilation."""
+    compile: bool | str | None = None
+    """torch.compile the client computation: the model (sequential) or the stacked loss (vmap). true: inductor;
+    a mode ("reduce-overhead" for CUDA graphs, "max-autotune") or a backend name ("aot_eager"); null: automatic
+    (compiled with the stacked runner that auto picks on CUDA, else not). The first rounds pay the compilation."""
     progress: bool = True
     """Show a progress bar (only when stderr is a terminal)."""
+
+    def optimizer_factory(self):
+        """``factory(params, lr=η)`` → the local optimizer with this config's class, weight decay and arguments."""
+        import functools
+
+        cls = _load(self.optimizer)
+        extra = {"momentum": self.momentum} if "momentum" in _init_params(cls) else {}
+        return functools.partial(cls, weight_decay=self.weight_decay, **extra, **self.optimizer_args)
 
     def __post_init__(self) -> None:
         for name in ("rounds", "clients_per_round", "eval_every", "save_every"):
@@ -110,10 +136,18 @@ class LoopConfig:
         for name in ("local_epochs", "local_steps"):
             v = getattr(self, name)
             check(v is None or (isinstance(v, int) and v > 0), f"`loop.{name}` must be a positive integer, got {v!r}")
-        check(_importable(self.optimizer), f"`loop.optimizer` {self.optimizer!r} is not an importable optimizer "
-              "class (e.g. torch.optim.SGD, torch.optim.AdamW)")
+        opt = _optimizer_class(self.optimizer)
+        check(opt is not None, f"`loop.optimizer` {self.optimizer!r} is not an importable torch.optim.Optimizer "
+              "subclass (e.g. torch.optim.SGD, torch.optim.AdamW)")
+        given = set(self.optimizer_args)
+        unknown = sorted(given - _init_params(opt) | given & {"params", "lr", "weight_decay"})
+        check(not unknown, f"`loop.optimizer_args` {unknown} are not arguments {self.optimizer} takes from there "
+              "(lr comes from `loop.lr`, weight decay from `loop.weight_decay`)")
         check(self.lr > 0 and math.isfinite(self.lr), f"`loop.lr` must be positive, got {self.lr}")
         check(0 <= self.momentum < 1, f"`loop.momentum` must be in [0, 1), got {self.momentum}")
+        check(self.momentum == 0 or "momentum" in _init_params(opt),
+              f"`loop.momentum` ({self.momentum}) is not an argument of `loop.optimizer` {self.optimizer}; "
+              "set it to 0 or pass the optimizer's own arguments in `loop.optimizer_args`")
         check(self.weight_decay >= 0, f"`loop.weight_decay` must be >= 0, got {self.weight_decay}")
         check(self.max_grad_norm is None or self.max_grad_norm > 0,
               f"`loop.max_grad_norm` must be positive or null, got {self.max_grad_norm}")
@@ -121,7 +155,5 @@ class LoopConfig:
               f"`loop.state_budget_mb` must be >= 0 or null, got {self.state_budget_mb}")
         check(self.vmap_chunk is None or (isinstance(self.vmap_chunk, int) and self.vmap_chunk > 0),
               f"`loop.vmap_chunk` must be a positive integer or null, got {self.vmap_chunk!r}")
-        check(not (self.compile and self.client_parallelism == "vmap"),
-              "`loop.compile` works with `loop.client_parallelism: sequential` only; set one of them back")
         check(0 <= self.client_dropout < 1, f"`loop.client_dropout` must be in [0, 1), got {self.client_dropout}")
         check(all(0 < t <= 1 for t in self.targets), f"`loop.targets` must be accuracies in (0, 1], got {self.targets}")

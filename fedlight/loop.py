@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlight import params as P
-from fedlight.aggregate import Accumulator
+from fedlight.aggregate import Accumulator, Reduced
 from fedlight.args import LoopConfig
 from fedlight.records import (
     MetricsLog,
@@ -32,8 +32,10 @@ from fedlight.records import (
     rss_mb,
     summarize,
 )
-from fedlight.rules import Algorithm, LocalContext, RoundInfo
-from fedlight.sampling import assign_clients, client_fails, client_generator, sample_clients, seed_client_torch
+from fedlight.round_row import RoundRow, client_entries
+from fedlight.rules import Algorithm, ClientResult, RoundInfo, ServerRule
+from fedlight.runners import ClientJob, TrainSetup, select_runner
+from fedlight.sampling import assign_clients, client_fails, client_generator, sample_clients
 from fedlight.state import ClientStateStore
 
 
@@ -45,9 +47,33 @@ class Diverged(RuntimeError):
         self.round = round
 
 
-def _import(path: str):
-    module, _, name = path.rpartition(".")
-    return getattr(__import__(module, fromlist=[name]), name)
+@dataclass
+class RoundPlan:
+    """Who takes part in a round (identical on every rank) and which of them this rank trains."""
+
+    info: RoundInfo
+    dropped: list[int]
+    """Sampled clients that fail to report (``loop.client_dropout``)."""
+    active: list[int]
+    """Sampled clients that train."""
+    mine: list[int]
+    """The active clients this rank trains."""
+
+
+@dataclass
+class Collected:
+    """What this rank keeps of its trained clients, then (after :meth:`FederatedLoop._exchange`) of all ranks'."""
+
+    acc: Accumulator
+    states: dict[int, dict] = field(default_factory=dict)
+    skipped: list[int] = field(default_factory=list)
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    """Per-client log entries: id, train_loss, delta_norm, num_samples (client order)."""
+    results: list[tuple[int, ClientResult]] = field(default_factory=list)
+    """Kept client results, only when the server rule overrides ``aggregate``."""
+    start: dict[str, Tensor] | None = None
+    """``y_0``, where the clients started (for the flatness distance)."""
+    layout: Any = None
 
 
 class FederatedLoop:
@@ -72,8 +98,6 @@ class FederatedLoop:
         if cfg.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
             data.memory_format = torch.channels_last
-        if cfg.compile:
-            self.model.compile(**({} if cfg.compile is True else {"backend": cfg.compile}))
         self.local, self.server = algorithm.local, algorithm.server
         self.live = P.trainable(self.model)
         self.live_buffers = P.float_buffers(self.model)
@@ -97,14 +121,11 @@ class FederatedLoop:
         self._round_done = 0
         self.totals = {"bytes_up": 0, "bytes_down": 0, "wall_time_s": 0.0}
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl")
-        opt_cls = _import(cfg.optimizer)
-        extra = {"momentum": cfg.momentum} if cfg.optimizer == "torch.optim.SGD" else {}
-        if cfg.client_parallelism == "vmap":
-            from fedlight.stacked import check_supported
-
-            check_supported(self.local, getattr(algorithm, "name", type(algorithm).__name__))
-        self._opt_factory = lambda ps, lr: opt_cls(ps, lr=lr, weight_decay=cfg.weight_decay, **extra,
-                                                  **cfg.optimizer_args)
+        setup = TrainSetup(model=self.model, local=self.local, fabric=fabric, optimizer=cfg.optimizer_factory(),
+                           max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay, seed=seed)
+        name = getattr(algorithm, "name", type(algorithm).__name__)
+        self.runner, self.runner_reason = select_runner(cfg, setup, name)
+        self.custom_aggregate = type(self.server).aggregate is not ServerRule.aggregate
 
     # ----------------------------------------------------------------------------------------- schedule
     def num_steps(self, client_id: int) -> int:
@@ -115,130 +136,108 @@ class FederatedLoop:
     def round_lr(self, r: int) -> float:
         return self.cfg.lr_schedule.lr(self.cfg.lr, r, self.cfg.rounds)
 
-    # ----------------------------------------------------------------------------------------- clients
-    def run_client(self, client_id: int, info: RoundInfo) -> tuple[Any, Any, LocalContext]:
-        """Train one client from the broadcast; returns (broadcast, result, context)."""
-        bc = self.server.broadcast(self.x, info, client_id)
-        P.copy_(self.live_buffers, self.buffers)
-        K = self.num_steps(client_id)
-        seed_client_torch(self.seed, info.round, client_id, self.device)
-        optimizer = self.local.make_optimizer(list(self.live.values()), info.lr, self._opt_factory)
-        ctx = LocalContext(broadcast=bc, optimizer=optimizer, lr=info.lr, num_steps=K, params=self.live,
-                           client_id=client_id, round=info.round, state=self.store.get(client_id, self.device),
-                           max_grad_norm=self.cfg.max_grad_norm, fabric=self.fabric,
-                           weight_decay=self.cfg.weight_decay)
-        self.model.train()
-        self.local.start(self.model, ctx)
-        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
-        gen = client_generator(self.seed, info.round, client_id)
-        for batch in self.data.client_batches(client_id, K, gen):
-            loss_sum.add_(self.local.step(self.model, batch, ctx))  # promotes in the kernel: no float64 temporary
-        result = self.local.finish(self.model, ctx)
-        result.num_samples = self.data.num_samples(client_id)
-        result.metrics = {"train_loss": loss_sum / K, "delta_sqnorm": P.sqnorm(result.delta),
-                          **ctx.metrics, **result.metrics}
-        return bc, result, ctx
-
-    def _train(self, mine: list[int], info: RoundInfo):
-        """Train this rank's clients; yields ``(cid, broadcast, result, state, float buffers)`` in client order
-        (sequential: each client's live buffers are read before the next client starts)."""
-        if self.cfg.client_parallelism == "sequential":
-            for cid in mine:
-                bc, res, ctx = self.run_client(cid, info)
-                yield cid, bc, res, ctx.state, P.float_buffers(self.model)
-            return
-        from fedlight.stacked import chunks, run_chunk
-
-        states = {c: self.store.get(c, self.device) for c in mine}
-        sig = {c: (self.data.batch_sizes(c, self.num_steps(c)), _keys(states[c])) for c in mine}  # sizes fix K too
-        done = {}
-        for part in chunks(mine, sig.__getitem__, self.cfg.vmap_chunk):
-            for item in run_chunk(self, part, info, [states[c] for c in part]):
-                done[item[0]] = item
-        for cid in mine:  # the sequential order, so float64 sums match the sequential run's
-            yield done.pop(cid)
-
     # ----------------------------------------------------------------------------------------- a round
     def run_round(self, r: int) -> dict[str, Any]:
-        """Sample → train this rank's clients → all-reduce → server update. Returns the round's metrics row."""
-        cfg, fabric = self.cfg, self.fabric
+        """Plan → train this rank's clients → share across ranks → reduce → ``server.aggregate`` (if the rule
+        overrides it) → ``server.update``. Returns the round's metrics row."""
         t0 = time.perf_counter()
+        plan = self.plan(r)
+        counts = {k: b.clone() for k, b in self.int_buffers.items()}
+        got = self._collect(self.runner.train(self.jobs(plan), plan.info, self.buffers), plan)
+        P.copy_(self.int_buffers, counts)  # clients' forward passes do not count; the round advances them below
+        t_train = time.perf_counter()
+        got = self._exchange(got)
+        if got.layout is None:  # nobody reported: the model and the server state stay as they are
+            return RoundRow.of(plan, got).timed(t0, t_train).as_dict()
+        got.acc.ensure(got.layout)
+        red = got.acc.reduce(self.fabric)
+        agg = self._aggregate(red, got)
+        for c, st in got.states.items():
+            self.store.put(c, st)
+        x_old = self.x
+        x_new = self.server.update(self.x, agg, replace(plan.info, sampled=sorted(c["id"] for c in got.clients)))
+        if not bool(P.is_finite(x_new)):
+            raise Diverged(r, "the global model became non-finite")
+        self.x = x_new
+        if self.cfg.aggregate_buffers and red.buffers:
+            self.buffers = {k: v.to(self.buffers[k].dtype) for k, v in red.buffers.items()}
+        for b in self.int_buffers.values():
+            b += round(plan.info.num_steps)
+        row = RoundRow.of(plan, got)
+        row.measure(red, self.x, x_old, got.start if got.start is not None else x_old, self.server.diagnostics())
+        return row.timed(t0, t_train).as_dict()
+
+    def plan(self, r: int) -> RoundPlan:
+        cfg = self.cfg
         sampled = sample_clients(self.data.num_clients, cfg.clients_per_round, self.seed, r)
         dropped = [c for c in sampled if client_fails(self.seed, r, c, cfg.client_dropout)]
         active = [c for c in sampled if c not in dropped]
         steps = {c: self.num_steps(c) for c in sampled}
         info = RoundInfo(round=r, lr=self.round_lr(r), num_steps=sum(steps.values()) / len(steps),
                          num_clients=self.data.num_clients, sampled=sampled)
-        mine = assign_clients(active, [float(steps[c]) for c in active], fabric.world_size)[fabric.global_rank]
-        acc = Accumulator(self.server.summed_extras, self.device)
-        new_states: dict[int, dict] = {}
-        skipped: list[int] = []
-        x_start = self.x
-        counts = {k: b.clone() for k, b in self.int_buffers.items()}
-        for cid, bc, res, state, buffers in self._train(mine, info):
-            x_start = bc.params
-            fault("train", r + 1)
-            if not bool(P.is_finite(res.delta) & torch.isfinite(torch.as_tensor(res.metrics["train_loss"]))):
-                if cfg.on_nonfinite == "stop":
-                    raise Diverged(r, f"client {cid} produced a non-finite loss or update")
-                skipped.append(cid)  # skip_client: its update and state change are dropped
-                continue
-            w = float(res.num_samples) if (self.server.weighting or cfg.weighting) == "samples" else 1.0
-            acc.add(res, w, buffers if cfg.aggregate_buffers else {}, bytes_down=bc.nbytes(), bytes_up=res.nbytes())
-            if state:
-                new_states[cid] = state
-        P.copy_(self.int_buffers, counts)  # clients' forward passes do not count; the round advances them below
-        t_train = time.perf_counter()
-        new_states, skipped, layout = self._exchange(new_states, skipped, acc)
-        row: dict[str, Any] = {"round": r + 1, "lr": info.lr, "clients_reported": len(active) - len(skipped),
-                               "clients_dropped": len(dropped), "clients_skipped_nonfinite": len(skipped)}
-        if layout is None:  # nobody reported: the model and the server state stay as they are
-            row.update(bytes_down=0, bytes_up=0, round_time_s=time.perf_counter() - t0)
-            return row
-        acc.ensure(layout)
-        agg, buffers, totals = acc.reduce(fabric)
-        for c, st in new_states.items():
-            self.store.put(c, st)
-        x_old = self.x
-        reported = [c for c in active if c not in skipped]
-        x_new = self.server.update(self.x, agg, replace(info, sampled=reported))
-        if not bool(P.is_finite(x_new)):
-            raise Diverged(r, "the global model became non-finite")
-        self.x = x_new
-        if cfg.aggregate_buffers and buffers:
-            self.buffers = {k: v.to(self.buffers[k].dtype) for k, v in buffers.items()}
-        for b in self.int_buffers.values():
-            b += round(info.num_steps)
-        row["train_loss"] = float(agg.metrics["train_loss"])
-        # flatness distance D = Σ_i w_i‖y_{i,K} − x_{r+1}‖² (FedNSAM Def. 1; the 1/S mean for equal-size clients),
-        # from Σ w_i‖Δ_i‖², Δ̄ and U = x_{r+1} − y_0 (clients start from the broadcast point y_0)
-        U = P.sub(self.x, x_start)
-        row["flatness_distance"] = float(agg.metrics["delta_sqnorm_w"] - 2 * P.dot(agg.delta, U).double()
-                                         + P.sqnorm(U))
-        row["update_norm"] = float(P.norm(P.sub(self.x, x_old)))
-        for k, v in agg.metrics.items():
-            if k not in ("train_loss", "delta_sqnorm", "delta_sqnorm_w"):
-                row[f"rule/{k}"] = float(v)
-        for k, v in self.server.diagnostics().items():
-            row[f"server/{k}"] = float(v)
-        row["bytes_down"], row["bytes_up"] = int(totals["bytes_down"]), int(totals["bytes_up"])
-        t_end = time.perf_counter()
-        row["round_time_s"] = t_end - t0
-        row["train_time_s"] = t_train - t0
-        row["aggregate_time_s"] = t_end - t_train
-        return row
+        ws, rank = self.fabric.world_size, self.fabric.global_rank
+        mine = assign_clients(active, [float(steps[c]) for c in active], ws)[rank]
+        return RoundPlan(info=info, dropped=dropped, active=active, mine=mine)
 
-    def _exchange(self, new_states: dict[int, dict], skipped: list[int], acc: Accumulator):
-        """Share per-client states, skipped clients and the result layout across ranks (one small gather)."""
-        layout = acc.layout()
-        if self.fabric.world_size > 1:
-            cpu = {c: _to(s, "cpu") for c, s in new_states.items()}
-            gathered: list[Any] = [None] * self.fabric.world_size
-            torch.distributed.all_gather_object(gathered, (cpu, skipped, layout))
-            new_states = {c: _to(s, self.device) for part in gathered for c, s in part[0].items()}
-            skipped = sorted(c for part in gathered for c in part[1])
-            layout = next((part[2] for part in gathered if part[2] is not None), None)
-        return new_states, skipped, layout
+    def jobs(self, plan: RoundPlan) -> list[ClientJob]:
+        """One :class:`ClientJob` per client this rank trains (states are loaded here, lazily for batches)."""
+        r, out = plan.info.round, []
+        for c in plan.mine:
+            K = self.num_steps(c)
+            out.append(ClientJob(
+                client_id=c, broadcast=self.server.broadcast(self.x, plan.info, c),
+                state=self.store.get(c, self.device), num_steps=K, batch_sizes=self.data.batch_sizes(c, K),
+                num_samples=self.data.num_samples(c),
+                batches=lambda c=c, K=K: self.data.client_batches(c, K, client_generator(self.seed, r, c))))
+        return out
+
+    def _collect(self, outcomes, plan: RoundPlan) -> Collected:
+        """Apply the non-finite policy and add each kept client to the float64 sums (in client order)."""
+        cfg = self.cfg
+        got = Collected(acc=Accumulator(self.server.summed_extras, self.device))
+        samples = (self.server.weighting or cfg.weighting) == "samples"
+        stats = []
+        for out in outcomes:
+            fault("train", plan.info.round + 1)
+            got.start = out.job.broadcast.params
+            if not bool(out.finite()):
+                if cfg.on_nonfinite == "stop":
+                    raise Diverged(plan.info.round, f"client {out.client_id} produced a non-finite loss or update")
+                got.skipped.append(out.client_id)  # skip_client: its update and state change are dropped
+                continue
+            got.acc.add(out, float(out.result.num_samples) if samples else 1.0,
+                        out.buffers if cfg.aggregate_buffers else {}, bytes_down=out.job.broadcast.nbytes(),
+                        bytes_up=out.result.nbytes())
+            stats.append((out.client_id, out.result.num_samples, out.train_loss, out.delta_sqnorm))
+            if out.state:
+                got.states[out.client_id] = out.state
+            if self.custom_aggregate:
+                got.results.append((out.client_id, out.result))
+        got.clients = client_entries(stats)
+        got.layout = got.acc.layout()
+        return got
+
+    def _exchange(self, got: Collected) -> Collected:
+        """Share states, skipped clients, per-client entries, results and the sum layout across ranks."""
+        if self.fabric.world_size == 1:
+            return got
+        mine = (_to(got.states, "cpu"), got.skipped, got.clients, _to(got.results, "cpu"), got.layout)
+        parts: list[Any] = [None] * self.fabric.world_size
+        torch.distributed.all_gather_object(parts, mine)
+        got.states = {c: _to(s, self.device) for p in parts for c, s in p[0].items()}
+        got.skipped = sorted(c for p in parts for c in p[1])
+        got.clients = sorted((e for p in parts for e in p[2]), key=lambda e: e["id"])
+        got.results = sorted(((c, _to(res, self.device)) for p in parts for c, res in p[3]), key=lambda t: t[0])
+        got.layout = next((p[4] for p in parts if p[4] is not None), None)
+        return got
+
+    def _aggregate(self, red: Reduced, got: Collected) -> ClientResult:
+        """The reduced mean, or the server rule's own ``aggregate`` of every kept client result."""
+        if not self.custom_aggregate:
+            return red.result
+        agg = self.server.aggregate([res for _, res in got.results], self.server.weighting or self.cfg.weighting)
+        agg.metrics = red.result.metrics
+        return agg
 
     # ----------------------------------------------------------------------------------------- evaluation
     @torch.no_grad()
@@ -323,6 +322,7 @@ class FederatedLoop:
             done = self.metrics.rows[-1]["round"] if self.metrics.rows else 0
             if self._last_row is not None and done < self.start_round:
                 self.metrics.append(self._last_row)  # killed between checkpoint and metrics append
+        fabric.print(f"fedlight: client runner: {self.runner.name} ({self.runner_reason})")
         bar = _progress(cfg, rank0, self.start_round)
         t_fit = time.perf_counter()
         wall0 = self.totals["wall_time_s"]
@@ -377,16 +377,16 @@ class FederatedLoop:
 def _to(obj: Any, device) -> Any:
     if isinstance(obj, Tensor):
         return obj.to(device)
+    if isinstance(obj, ClientResult):
+        return replace(obj, delta=_to(obj.delta, device), extras=_to(obj.extras, device),
+                       metrics=_to(obj.metrics, device))
+    if isinstance(obj, tuple):
+        return tuple(_to(v, device) for v in obj)
     if isinstance(obj, dict):
         return {k: _to(v, device) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_to(v, device) for v in obj]
     return obj
-
-
-def _keys(state: dict[str, Any]) -> tuple:
-    """The nested key structure of a client state (clients stack only when theirs agree)."""
-    return tuple((k, _keys(v)) if isinstance(v, dict) else (k,) for k, v in sorted(state.items()))
 
 
 def _progress(cfg: LoopConfig, rank0: bool, start: int):

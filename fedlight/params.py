@@ -13,28 +13,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor, nn
 
 Params = dict[str, Tensor]
 
-_STACKED = False
+_per_client_mode: ContextVar[bool] = ContextVar("fedlight_stacked", default=False)
 
 
 @contextmanager
 def stacked() -> Iterator[None]:
-    """Within this block every tensor's dim 0 indexes clients and reductions are per client."""
-    global _STACKED
-    previous, _STACKED = _STACKED, True
+    """Within this block (entered only by the stacked runner, around the rule's calls) every tensor's dim 0
+    indexes clients and reductions are per client. Scoped to the block and to the current thread/context."""
+    token = _per_client_mode.set(True)
     try:
         yield
     finally:
-        _STACKED = previous
-
-
-def is_stacked() -> bool:
-    return _STACKED
+        _per_client_mode.reset(token)
 
 
 def _per_client(s: Tensor, like: Tensor) -> Tensor:
@@ -44,7 +41,7 @@ def _per_client(s: Tensor, like: Tensor) -> Tensor:
 
 def _norms(vals: list[Tensor]) -> Tensor:
     """Per-tensor L2 norms: shape ``[T]``, or ``[T, C]`` in stacked mode."""
-    if _STACKED:
+    if _per_client_mode.get():
         return torch.stack([torch.linalg.vector_norm(v.reshape(v.shape[0], -1), dim=1) for v in vals])
     return torch.stack(torch._foreach_norm(vals))
 
@@ -88,7 +85,7 @@ def sub(a: Params, b: Params) -> Params:
 
 def scale(a: Params, s: float | Tensor) -> Params:
     """``s·a`` as a new dict (``s`` may be a per-client ``[C]`` tensor in stacked mode)."""
-    if _STACKED and isinstance(s, Tensor) and s.dim() == 1:
+    if _per_client_mode.get() and isinstance(s, Tensor) and s.dim() == 1:
         return {k: v * _per_client(s, v).to(v.dtype) for k, v in a.items()}
     return dict(zip(a, torch._foreach_mul(list(a.values()), s)))
 
@@ -119,7 +116,7 @@ def scale_(a: Params, s: float) -> Params:
 
 def dot(a: Params, b: Params) -> Tensor:
     """``⟨a, b⟩`` over all tensors, as a 0-dim tensor (no host sync); ``[C]`` in stacked mode."""
-    if _STACKED:
+    if _per_client_mode.get():
         return sum((x.reshape(x.shape[0], -1) * b[k].reshape(x.shape[0], -1).to(x.dtype)).sum(1)
                    for k, x in a.items())
     return sum((x.flatten() @ b[k].flatten().to(x.dtype) for k, x in a.items()), torch.zeros((), device=_dev(a)))
@@ -200,7 +197,7 @@ def joint_clip_(grads: list[Tensor], max_norm: float | None) -> None:
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
     if coef.device.type == "cpu" and bool((coef >= 1.0).all()):
         return  # a multiply by exactly 1 changes no bit; on CPU the test costs no device sync
-    if _STACKED:
+    if _per_client_mode.get():
         for g in grads:
             g.mul_(_per_client(coef, g).to(g.dtype))
         return

@@ -38,11 +38,14 @@ def test_many_clients_tiny_spills_and_matches_in_memory():
 def test_gpu_section_says_when_it_cannot_run_and_its_code_runs_on_cpu():
     import torch
 
-    res = bench.gpu(reps=1, warmup=0, algorithms=("fedavg",), clients=2, steps=2, batch=4)
-    assert ("skipped" in res) != torch.cuda.is_available()
-    variants = ("fedavg", "fedavg+channels_last", "fedavg+vmap", "fedsam")
-    cpu = bench.gpu(reps=1, warmup=0, algorithms=variants, clients=2, steps=1, batch=2, accelerator="cpu")
-    assert [r["algorithm"] for r in cpu["rows"]] == list(variants) and "ratio" in cpu["rows"][0]
+    if not torch.cuda.is_available():
+        assert "skipped" in bench.gpu(reps=1, warmup=0, variants=("fedavg",), clients=2, steps=2, batch=4)
+    variants = ("fedavg", "fedavg+sequential", "fedavg+vmap", "fedsam+bn")
+    cpu = bench.gpu(reps=1, warmup=0, variants=variants, clients=2, steps=1, batch=2, accelerator="cpu")
+    rows = cpu["rows"]
+    assert [r["variant"] for r in rows] == list(variants) and all("error" not in r for r in rows), rows
+    assert rows[0]["x_fedavg"] == 1.0 and rows[0]["runner"].startswith("sequential (auto: cpu device")
+    assert rows[2]["runner"].startswith("stacked") and rows[0]["mfu_h100_bf16"] > 0
     assert "s/round" in bench.report({"command": "x", "environment": bench.environment(), "gpu": cpu})
 
 

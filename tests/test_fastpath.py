@@ -1,12 +1,9 @@
 """GPU-path switches that must not change the math: channels-last memory format and torch.compile."""
 
-import pytest
 import torch
 from fedtest import image_clients, make_loop, tiny_cnn
 
 import fedlight
-from fedlight.args import LoopConfig
-from fedlight.errors import ConfigError
 
 
 def _two_rounds(**kw):
@@ -37,6 +34,8 @@ def test_compiled_model_trains_like_the_eager_one():
         torch.testing.assert_close(comp.x[k], ref.x[k], rtol=0, atol=1e-6, msg=k)
 
 
-def test_compile_with_vmap_is_refused():
-    with pytest.raises(ConfigError, match="loop.compile.*client_parallelism"):
-        LoopConfig(compile=True, client_parallelism="vmap")
+def test_compile_with_vmap_compiles_the_stacked_loss():
+    """Once refused; now the stacked runner's loss is what gets compiled (equality: tests/loop/test_runners.py)."""
+    loop = _two_rounds(compile="eager", client_parallelism="vmap")
+    assert loop.runner.name == "stacked" and loop.runner.forward.compiled
+    assert getattr(loop.model, "_compiled_call_impl", None) is None  # the model itself is left alone

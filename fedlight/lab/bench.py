@@ -5,15 +5,15 @@ Entry point: ``python tools/bench.py [sections] [options]`` (``--help``). Sectio
 * ``--overhead`` (default): the same FedAvg workload, in one process and interleaved round by round, through
   fedlight's real :class:`~fedlight.loop.FederatedLoop` and through :class:`MinimalFedAvg` (below); seconds per
   round of each (median after warm-up), their ratio, and the same loop with ``loop.client_parallelism: vmap``
-  (all clients of the round stacked, :mod:`fedlight.stacked`) for the vectorised-client speedup.
+  (all clients of the round stacked, :mod:`fedlight.runners.stacked`) for the vectorised-client speedup.
 * ``--multiprocess``: ``fedlight fit`` in subprocesses with ``--devices 1`` and ``--devices 2`` on an MLP /
   Fashion-MNIST recipe (Synthetic when ``FEDLIGHT_DATA`` is unset): speedup, eval share of the run time, peak
   RSS, and the max |difference| of the final models.
 * ``--many-clients``: SCAFFOLD with 10,000 clients of the Fashion-MNIST MLP (about 8 GB of ``c_i``) through a
   :class:`~fedlight.state.ClientStateStore` with a memory budget; process RSS and the per-round cost of the spill.
-* ``--gpu``: ResNet-18-CIFAR at CIFAR-100 shapes, ``bf16-mixed``, FedAvg and FedSAM, s/round and the achieved
-  fraction of an H100's bf16 dense peak (989.4 TFLOP/s; 3.33 GFLOP per sample fwd+bwd). Needs CUDA; skipped
-  (and said so) without it.
+* ``--gpu``: ResNet-18-CIFAR at CIFAR-100 shapes, ``bf16-mixed``, every seed rule and FedAvg under each client
+  runner (:mod:`fedlight.lab.bench_gpu`): s/round, MFU, host/GPU time, peak memory. Needs CUDA; skipped (and
+  said so) without it.
 
 Nothing here asserts on time. Timings on shared machines are noisy: every comparison is interleaved and the
 medians (and per-round CPU time) are printed next to each other.
@@ -40,8 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-H100_BF16_PEAK = 989.4e12  # FLOP/s, dense (SXM)
-RESNET18_CIFAR_FLOP = 3.33e9  # per sample, forward + backward (performance_notes.md §3.1)
+from fedlight.lab.bench_gpu import GPU_VARIANTS, gpu, report_lines
 
 
 @dataclass
@@ -427,68 +426,6 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
     return res
 
 
-GPU_VARIANTS = ("fedavg", "fedavg+channels_last", "fedavg+vmap", "fedsam", "fedsam+channels_last")
-"""Rows of the GPU section: ``algorithm[+channels_last|+vmap|+compile]``."""
-
-
-def gpu(reps: int = 5, warmup: int = 2, algorithms: tuple[str, ...] = GPU_VARIANTS,
-        clients: int = 10, steps: int = 50, batch: int = 50, accelerator: str = "cuda") -> dict[str, Any]:
-    """ResNet-18-CIFAR (CIFAR-100 shapes), bf16-mixed: s/round, MFU vs an H100's dense bf16 peak, peak memory.
-
-    FedAvg also runs :class:`MinimalFedAvg` (bf16 autocast) interleaved, for the overhead ratio on the GPU.
-    ``accelerator="cpu"`` runs the same code on CPU (a smoke test of this section; its MFU means nothing)."""
-    cuda = accelerator == "cuda"
-    if cuda and not torch.cuda.is_available():
-        return {"skipped": "no CUDA device: the GPU section is not yet measured; run `python tools/bench.py --gpu` "
-                           "on a machine with one"}
-    w = Workload("resnet18", clients=clients, steps=steps, batch=batch)
-    res: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "nvidia_smi": "-",
-                           "cuda": torch.version.cuda, "sms": "-", "clients": clients, "steps": steps, "batch": batch,
-                           "precision": "bf16-mixed", "rows": [],
-                           "model": "ResNet18(num_classes=100), GroupNorm (fedlight default)"}
-    if cuda:
-        props = torch.cuda.get_device_properties(0)
-        res.update(memory_gb=props.total_memory / 1e9, sms=props.multi_processor_count)
-        try:  # power limit and clocks tell an SXM H100 (989 TFLOP/s bf16) from a PCIe one (756)
-            res["nvidia_smi"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=name,power.limit,clocks.max.sm,memory.total,driver_version",
-                 "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            res["nvidia_smi"] = "nvidia-smi unavailable"
-    samples = clients * steps * batch
-    for variant in algorithms:
-        algo, *switches = variant.split("+")
-        kw = {"channels_last": "channels_last" in switches, "compile": "compile" in switches,
-              "parallelism": "vmap" if "vmap" in switches else "sequential"}
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        clients_data = w.data()
-        loop = fedlight_loop(w.model(), clients_data, w, accelerator, "bf16-mixed", algo, **kw)
-        dev = loop.device
-        ms = MinimalFedAvg(w.model(), clients_data, w, dev, bf16=True) if variant == "fedavg" else None
-        tf, tm = [], []
-        for r in range(warmup + reps):
-            a = _timed(lambda: loop.run_round(r), dev)[0]
-            b = _timed(lambda: ms.round(r), dev)[0] if ms is not None else None
-            if r >= warmup:
-                tf.append(a)
-                if b is not None:
-                    tm.append(b)
-        s = statistics.median(tf)
-        flops = samples * RESNET18_CIFAR_FLOP * (2 if algo == "fedsam" else 1)  # SAM: two fwd+bwd per step
-        row = {"algorithm": variant, "s_per_round": s, "tflops": flops / s / 1e12, "mfu_h100_bf16": flops / s /
-               H100_BF16_PEAK, "peak_gpu_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else 0.0}
-        if tm:
-            row["minimal_s_per_round"] = statistics.median(tm)
-            row["ratio"] = s / row["minimal_s_per_round"]
-        res["rows"].append(row)
-        shutil.rmtree(loop.out_dir, ignore_errors=True)
-        loop = ms = clients_data = None
-        if cuda:
-            torch.cuda.empty_cache()
-    return res
-
-
 # ------------------------------------------------------------------------------------------------- report
 def _fmt_overhead(o: dict[str, Any]) -> list[str]:
     s = o["s_per_round"]
@@ -541,19 +478,7 @@ def report(results: dict[str, Any]) -> str:
                    f"{c['checkpoint_s'][0]:.2f} s (first: flushes the in-memory states) / {c['checkpoint_s'][1]:.2f} "
                    f"s (next round); max |x_spilled - x_memory| {c['max_abs_diff_spilled_vs_memory']:.1e}")
     if "gpu" in results:
-        gres = results["gpu"]
-        if "skipped" in gres:
-            out.append(f"gpu: {gres['skipped']}")
-        else:
-            out.append(f"gpu: {gres['nvidia_smi']} (CUDA {gres['cuda']}, {gres['sms']} SMs); {gres['model']}, "
-                       f"{gres['clients']} clients x {gres['steps']} steps x batch {gres['batch']}, "
-                       f"{gres['precision']}")
-        for row in gres.get("rows", []):
-            extra = (f", minimal {row['minimal_s_per_round']:.4f} s/round, ratio {row['ratio']:.3f}"
-                     if "ratio" in row else "")
-            out.append(f"gpu {gres['device']} {row['algorithm']} ResNet-18-CIFAR-100 bf16: {row['s_per_round']:.4f} "
-                       f"s/round, {row['tflops']:.1f} TFLOP/s = {100 * row['mfu_h100_bf16']:.1f}% of H100 bf16 "
-                       f"peak{extra}; peak GPU memory {row['peak_gpu_mem_gb']:.2f} GB")
+        out += report_lines(results["gpu"])
     out.append(f"peak RSS of the bench process: {peak_rss_mb():.0f} MB")
     env = results["environment"]
     load = max(env.get("load_average_1m") or 0, env.get("load_average_1m_end") or 0)
@@ -570,7 +495,10 @@ def parser(prog: str = "tools/bench.py") -> argparse.ArgumentParser:
     p.add_argument("--overhead", action="store_true", help="fedlight vs the minimal loop (default section)")
     p.add_argument("--multiprocess", action="store_true", help="fedlight fit --devices 1 vs 2 on CPU")
     p.add_argument("--many-clients", action="store_true", help="SCAFFOLD with 10,000 clients, spilled state")
-    p.add_argument("--gpu", action="store_true", help="ResNet-18-CIFAR-100 bf16 (needs CUDA)")
+    p.add_argument("--gpu", action="store_true", help="ResNet-18-CIFAR-100 bf16 per rule and runner (needs CUDA)")
+    p.add_argument("--gpu-variants", default=None,
+                   help="comma-separated algorithm[+sequential|+vmap|+reduce-overhead|+channels_last|+bn] "
+                        "(default: every seed rule, FedAvg under each runner, BatchNorm)")
     p.add_argument("--all", action="store_true", help="every section (the GPU one when CUDA is available)")
     p.add_argument("--workloads", default="mlp,lenet5", help="overhead workloads: mlp, lenet5 (comma-separated)")
     p.add_argument("--clients", type=int, default=10)
@@ -622,7 +550,8 @@ def main(argv: list[str] | None = None, prog: str = "tools/bench.py") -> int:
     if sections["many_clients"]:
         results["many_clients"] = many_clients(a.num_clients, a.budget_mb, a.mc_rounds, spill_dir=a.spill_dir)
     if sections["gpu"] or (run_all and torch.cuda.is_available()):
-        results["gpu"] = gpu(a.reps, a.warmup) if not a.tiny else gpu(1, 0, ("fedavg",), 2, 3, 8)
+        variants = tuple(v.strip() for v in a.gpu_variants.split(",")) if a.gpu_variants else GPU_VARIANTS
+        results["gpu"] = gpu(a.reps, a.warmup, variants) if not a.tiny else gpu(1, 0, ("fedavg",), 2, 3, 8)
     results["environment"]["load_average_1m_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     text = report(results)
     print(text)

@@ -1,7 +1,8 @@
 """Run every registered rule for 2 rounds on N CPU processes (Fabric ddp, gloo); rank 0 saves the results.
 
 Usage: python mp_contract.py N OUT.pt [PARALLELISM [NAME ...]]   (the subprocess launcher re-runs this script for
-ranks ≥ 1; PARALLELISM is loop.client_parallelism, default sequential; NAMEs restrict the rules)
+ranks ≥ 1; PARALLELISM is loop.client_parallelism, default sequential; NAMEs restrict the rules: registry names,
+or ``module:Class`` of a test rule importable from tests/)
 """
 
 import sys
@@ -19,6 +20,15 @@ from fedlight.data import TensorClients  # noqa: E402
 from fedlight.loop import FederatedLoop  # noqa: E402
 
 
+def create(name: str):
+    if ":" not in name:
+        return fedlight.create(name)
+    import importlib
+
+    module, _, cls = name.partition(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
 def main(n: int, out: str, parallelism: str = "sequential", *names: str) -> None:
     fabric = L.Fabric(accelerator="cpu", devices=n, strategy="ddp" if n > 1 else "auto", precision="32-true")
     fabric.launch()
@@ -29,7 +39,7 @@ def main(n: int, out: str, parallelism: str = "sequential", *names: str) -> None
         data.setup(fabric.device, 0)
         cfg = LoopConfig(rounds=2, clients_per_round=3, local_steps=3, lr=0.05, progress=False,
                          client_parallelism=parallelism)
-        loop = FederatedLoop(fabric, tiny_cnn(), data, fedlight.create(name), cfg, 0, Path("unused"))
+        loop = FederatedLoop(fabric, tiny_cnn(), data, create(name), cfg, 0, Path("unused"))
         for r in range(2):
             loop.run_round(r)
         results[name] = {**{f"x.{k}": v.cpu() for k, v in loop.x.items()},
