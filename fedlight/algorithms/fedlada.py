@@ -15,10 +15,8 @@ The two lines of the local step are applied as one update ``y ← y − η·((1 
 :class:`AmendedAdam` (identical math), so ``param_groups[0]["lr"]`` stays η_r. The moment initialisation and
 the absence of bias correction are exact (the released code emulates the latter with ``step = 1e6``).
 
-Weight decay is the loop's ``weight_decay`` (read from the loop's optimizer factory), applied as coupled L2
-after clipping, as ``torch.optim.Adam(weight_decay=...)`` does in the released code (there 1e-3).
-Round 0 runs with ``m̃ = 0`` and ``v̄ = 0`` and still without bias correction (the released code instead
-starts every worker's first round with a fresh, bias-corrected Adam).
+λ is the loop's ``weight_decay`` (``ctx.weight_decay``), coupled L2 after clipping. Released-code differences:
+``docs/algorithms.md`` (Baselines).
 """
 
 from __future__ import annotations
