@@ -54,13 +54,14 @@ class WMSAMPerturbation(Perturbation):
         form: ``"paper"`` (Algorithm 1, line 15) or ``"released"`` (the released code's sign, ``−δ_b``).
     """
 
-    # The norm is of a parameter difference, not of a gradient; the rule is nevertheless refused under 16-mixed, as
-    # the SAM family is (issue 11: one precision policy for every SAM rule whose offset follows the local steps).
+    # The norm is of a parameter difference, not of a gradient; FedWMSAM nevertheless refuses 16-mixed with the rest
+    # of the SAM family, whose offsets follow the local steps (one precision policy for the family).
     needs_true_grad_norm = True
 
     uses_backprop = False
 
     def __init__(self, rho: float, form: str = "paper") -> None:
+        check(form in PERTURBATIONS, f"`algorithm.perturbation` must be one of {PERTURBATIONS}, got {form!r}")
         self.rho = rho
         self.sign = 1.0 if form == "paper" else -1.0
 
