@@ -327,6 +327,7 @@ def test_fedwmsam_checkpoint_resume_is_bitwise(tmp_path):
     ("fedwmsam", {"alpha": 1.0}, "alpha"), ("fedwmsam", {"alpha": 0.0}, "alpha"), ("fedwmsam", {"rho": -1}, "rho"),
     ("fedwmsam", {"gamma": 1.5}, "gamma"), ("fedwmsam", {"similarity": "cosine"}, "similarity"),
     ("fedwmsam", {"perturbation": "sam"}, "perturbation"), ("fedwmsam", {"server_lr": -1}, "server_lr"),
+    ("fedwmsam", {"perturbation": "deviation"}, "perturbation"),  # the old default is gone
 ])
 def test_validation(name, kw, arg):
     with pytest.raises(ConfigError, match=f"`algorithm.{arg}`"):
