@@ -1,8 +1,13 @@
-"""fedlight: Lightning Fabric training recipes for federated optimization research."""
+"""fedlight: Lightning Fabric training recipes for federated optimization research.
+
+The package's face is the rule contract (``Algorithm``, ``LocalUpdateRule``, ``ServerRule`` ...), the registry and
+:func:`fit`. Importing ``fedlight`` (or ``fedlight.rules``, or one rule such as ``fedlight.algorithms.fedsam``) loads
+only the contract: ``fit`` and with it the loop, the data modules, the models and Lightning are imported on first use,
+so a rule lifted into a custom Fabric script pays for nothing else.
+"""
 
 __version__ = "0.1.0"
 
-from fedlight.api import fit  # noqa: E402
 from fedlight.params import Params  # noqa: E402
 from fedlight.registry import create, get_algorithm, list_algorithms, register  # noqa: E402
 from fedlight.rules import (  # noqa: E402
@@ -22,3 +27,19 @@ __all__ = [
     "ServerRule", "create", "cross_entropy", "fit", "get_algorithm", "list_algorithms", "register",
     "sample_clients",
 ]
+
+_LAZY = {"fit": "fedlight.api"}  # name -> module, imported on first access (PEP 562)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fedlight' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

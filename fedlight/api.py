@@ -54,9 +54,11 @@ def fit(
     import lightning as L
     import torch
 
+    from fedlight.advice import check_scales
     from fedlight.loop import FederatedLoop
 
     algorithm = algorithm if algorithm is not None else _default_algorithm()
+    check_scales(algorithm, loop)  # an adaptive rule at an SGD-scale lr warns before round 1
     world = devices * num_nodes
     check(isinstance(devices, int) and devices > 0, f"`devices` must be a positive integer, got {devices!r}")
     check(isinstance(num_nodes, int) and num_nodes > 0, f"`num_nodes` must be a positive integer, got {num_nodes!r}")

@@ -54,7 +54,10 @@ def listing(what: str = "all") -> str:
     if what == "all":
         return "\n\n".join(f"{k}:\n{v()}" for k, v in sections.items())
     if what not in sections:
-        raise ConfigError(f"`fedlight ls` takes one of {', '.join(sections)} (or nothing), got {what!r}")
+        from fedlight.registry import closest
+
+        raise ConfigError(f"`fedlight ls` takes one of {', '.join(sections)} (or nothing), got {what!r}"
+                          f"{closest(what, sections)}")
     return sections[what]()
 
 

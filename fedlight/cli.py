@@ -7,7 +7,9 @@ Bad input ends with one readable line on stderr and exit status 2, never a trace
 
 from __future__ import annotations
 
+import os
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,13 +40,50 @@ def command(name: str) -> Callable[[list[str]], int]:
     return getattr(importlib.import_module(module), fn)
 
 
+SCHEMA = """\
+A recipe is a YAML file of these keys; every key is also a flag (--loop.rounds 3, --algorithm.rho 0.05):
+
+  model:                          a torch.nn.Module             list them: fedlight ls models
+    class_path: fedlight.models.MLP                             its arguments: fedlight fit --model.help MLP
+    init_args: {in_features: 60, hidden: [32], num_classes: 10}
+  data:                           a federated data module       list them: fedlight ls datasets
+    class_path: fedlight.data.Synthetic                         its arguments: fedlight fit --data.help Synthetic
+    init_args:
+      num_clients: 30
+      partition: {class_path: fedlight.data.Dirichlet, init_args: {alpha: 0.1}}   fedlight ls partitioners
+  algorithm:                      default FedAvg                list them: fedlight ls algorithms
+    class_path: fedlight.algorithms.FedSAM                      its arguments: fedlight fit --algorithm.help fedsam
+    init_args: {rho: 0.05}
+  loop: {rounds: 100, clients_per_round: 10, local_steps: 5, lr: 0.1}             every loop key: below
+  seed, out_dir, accelerator, devices, num_nodes, precision, resume, overwrite:   below
+
+--model, --data and --algorithm also take a class name or (algorithms) a registry name: --algorithm fedsam.
+Recipes to start from: fedlight ls recipes."""
+
+
 def _parser(prog: str):
-    from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+    import re
+
+    from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter, set_parsing_settings
 
     from fedlight import api
 
+    class Formatter(DefaultHelpFormatter):
+        """The recipe schema verbatim; `fedlight ls X` instead of every importable subclass of nn.Module."""
+
+        def _fill_text(self, text, width, indent):
+            return text if text == SCHEMA else super()._fill_text(text, width, indent)
+
+        def _get_help_string(self, action):
+            text = super()._get_help_string(action)
+            section = {"model": "models", "data": "datasets", "algorithm": "algorithms"}.get(action.dest)
+            if section is None:
+                return text
+            return re.sub(r", known subclasses: [^)]*", f"; list them: fedlight ls {section}", text)
+
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    p = ArgumentParser(prog=prog, exit_on_error=False, description=api.fit.__doc__.split("\n")[0])
+    p = ArgumentParser(prog=prog, exit_on_error=False, description=SCHEMA, allow_abbrev=False,
+                       usage=f"{prog} --config RECIPE.yaml [--KEY VALUE ...]", formatter_class=Formatter)
     p.add_argument("--config", action=ActionConfigFile, help="recipe YAML file")
     p.add_function_arguments(api.fit, skip={"_config_text"}, fail_untyped=False)
     return p
@@ -55,11 +94,16 @@ def _parse(prog: str, argv: list[str]):
     from jsonargparse import ArgumentError
 
     import fedlight.algorithms  # noqa: F401 - registers algorithms; makes short names resolvable
+    from fedlight import advice, flags
 
-    argv = _expand_algorithm_names(argv)
+    argv = flags.resolve_names(argv)
+    flags.check_keys(argv)
     parser = _parser(prog)
     try:
-        cfg = parser.parse_args(argv)
+        plain = [a for a in argv if not a.startswith("--print_config")]  # printed below, with the paper's values
+        cfg = parser.parse_args(plain)
+        paper = advice.paper_defaults(cfg, argv)  # an adaptive rule's lr where the user did not choose one
+        cfg = parser.parse_args(argv + paper) if paper or plain != argv else cfg
         text = parser.dump(cfg)
         import torch
 
@@ -68,25 +112,35 @@ def _parse(prog: str, argv: list[str]):
     except ConfigError:
         raise
     except (ArgumentError, ValueError, TypeError, ImportError, AttributeError) as e:
-        raise ConfigError(_explain(e)) from None
+        raise ConfigError(_explain(e, parser)) from None
     kwargs = {k: v for k, v in init.items() if k != "config"}
     return kwargs, text
 
 
-def _expand_algorithm_names(argv: list[str]) -> list[str]:
-    """``--algorithm fednsam`` (a registry name) means ``--algorithm fedlight.algorithms.FedNSAM``."""
-    from fedlight.registry import _REGISTRY
-
-    out = list(argv)
-    for i, a in enumerate(out):
-        if a == "--algorithm" and i + 1 < len(out) and out[i + 1] in _REGISTRY:
-            out[i + 1] = f"fedlight.algorithms.{_REGISTRY[out[i + 1]].cls.__name__}"
-        elif a.startswith("--algorithm=") and a.split("=", 1)[1] in _REGISTRY:
-            out[i] = f"--algorithm=fedlight.algorithms.{_REGISTRY[a.split('=', 1)[1]].cls.__name__}"
-    return out
+def _flags(parser) -> list[str]:
+    return [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
 
 
-def _explain(e: BaseException) -> str:
+def _unknown(msg: str, parser) -> str | None:
+    """The nearest key for ``unrecognized arguments: --loop.round 5`` or ``Group 'loop' does not accept ...``."""
+    import re
+
+    from fedlight.registry import closest
+
+    flag = re.search(r"unrecognized arguments: (--[^\s=]+)", msg)
+    if flag:
+        f = flag.group(1)
+        return (f"`{f}` is not a setting{closest(f, _flags(parser))} (every setting: `fedlight fit --help`; "
+                "prefixes are not expanded)")
+    group = re.search(r"Group '([^']+)' does not accept option '([^']+)'", msg)
+    if group:
+        g, key = group.groups()
+        keys = [f[len(g) + 3:] for f in _flags(parser) if f.startswith(f"--{g}.")]
+        return f"`{g}.{key}` is not a setting{closest(key, keys)} (every `{g}` key: `fedlight fit --help`)"
+    return None
+
+
+def _explain(e: BaseException, parser=None) -> str:
     """One readable message: the root ConfigError if there is one, else the most specific parser reason."""
     import re
 
@@ -101,6 +155,21 @@ def _explain(e: BaseException) -> str:
             return line.strip()[2:]
     if msg.strip().startswith("Unexpected config"):
         return "`--config` is empty or is not a mapping of settings (model, data, algorithm, loop, ...)"
+    unknown = _unknown(msg, parser) if parser is not None else None
+    if unknown:
+        return unknown
+    missing = re.search(r"module '(fedlight\.\w+)' has no attribute '(\w+)'", msg)
+    if missing:
+        from fedlight.flags import GROUPS
+        from fedlight.registry import closest
+
+        package, name = missing.groups()
+        for pkg, section, attr in GROUPS.values():
+            if pkg == package:
+                near = closest(name, getattr(sys.modules[pkg], attr), f"{pkg}.")
+                where = re.search(r'Parser key "([^"]+)"', msg)
+                return (f"{f'`{where.group(1)}`: ' if where else ''}{package}.{name} is not a known class{near} "
+                        f"(list them with `fedlight ls {section}`)")
     keys = re.findall(r'Parser key "([^"]+)"', msg)
     reasons = [ln.strip() for ln in msg.splitlines() if "Got value" in ln or "not accepted" in ln]
     if len(keys) > 1 and reasons:
@@ -108,18 +177,40 @@ def _explain(e: BaseException) -> str:
     key = re.search(r'Parser key "([^"]+)"', msg)
     given = re.search(r"Given value: (\S+)$", msg.strip())
     if key and given and key.group(1) in ("algorithm", "model", "data", "data.partition"):
-        hint = {"algorithm": "fedlight ls algorithms", "model": "fedlight ls models", "data": "fedlight ls datasets",
-                "data.partition": "fedlight ls partitioners"}[key.group(1)]
-        return (f"`{key.group(1)}`: {given.group(1)!r} is not a known class; use a class path such as "
-                f"fedlight.algorithms.FedAvg (list them with `{hint}`)")
+        import importlib
+
+        from fedlight.flags import GROUPS
+        from fedlight.registry import closest
+
+        package, section, attr = GROUPS[key.group(1)]
+        value = given.group(1).strip("'\"")
+        near = closest(value.rsplit(".", 1)[-1], getattr(importlib.import_module(package), attr), f"{package}.")
+        return (f"`{key.group(1)}`: {value!r} is not a known class{near} (list them with `fedlight ls {section}`)")
     lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
     return lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
+
+
+def cpu_threads(accelerator: str) -> None:
+    """On CPU, one intra-op thread per process unless ``OMP_NUM_THREADS`` says otherwise.
+
+    fedlight's CPU work is many small steps, where extra threads mostly wait on each other (and on other programs: the
+    quickstart measured in README.md runs an order of magnitude slower with torch's default thread count on a busy
+    machine). Processes launched for ``--devices N`` inherit the setting, so 1 and N processes compute alike.
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    import torch
+
+    if accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available()):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 def cmd_fit(argv: list[str]) -> int:
     from fedlight import api
 
     kwargs, text = _parse("fedlight fit", argv)
+    cpu_threads(kwargs.get("accelerator", "auto"))
     summary = api.fit(**kwargs, _config_text=text)
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
@@ -164,6 +255,14 @@ def cmd_ls(argv: list[str]) -> int:
 
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """fedlight's own warnings as one ``fedlight: warning: ...`` line; others as Python prints them."""
+    if type(message).__module__.startswith("fedlight") or category.__module__.startswith("fedlight"):
+        print(f"fedlight: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -171,10 +270,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
-        print(f"fedlight: error: unknown command {cmd!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+        from fedlight.registry import closest
+
+        print(f"fedlight: error: unknown command {cmd!r}{closest(cmd, COMMANDS)} (commands: {', '.join(COMMANDS)})",
+              file=sys.stderr)
         return 2
     try:
-        return command(cmd)(rest)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return command(cmd)(rest)
     except ConfigError as e:
         print(f"fedlight {cmd}: error: {e}", file=sys.stderr)
         return 2

@@ -2,9 +2,10 @@
 
 Conventions for doc authors:
 
-* ```` ```python ```` blocks run in order, in one namespace per document, with a fresh temporary folder as the
-  working directory (in this process: imports are paid once; the algorithm registry, ``sys.path`` and modules
-  loaded from the folder are restored afterwards).
+* ```` ```python ```` blocks run in order, each in a fresh namespace (a reader copies one block, so each block makes
+  its own imports), with one fresh temporary folder per document as the working directory: files written by earlier
+  blocks are there (in this process: imports are paid once; the algorithm registry, ``sys.path`` and modules loaded
+  from the folder are restored afterwards).
 * ```` ```bash ```` blocks run in ``bash -euo pipefail`` in the same folder, as a user would type them.
 * ```` ```python file=NAME ```` and ```` ```yaml file=NAME ```` blocks are written to ``NAME`` in that folder
   (for later blocks to import or pass as ``--config``), not executed.
@@ -151,7 +152,6 @@ def _bash(block: Block, cwd: Path) -> None:
 
 @pytest.mark.parametrize("doc", runnable_docs())
 def test_doc_code_runs(doc, sandbox):
-    namespace: dict = {"__name__": "__main__"}
     for b in blocks(DOCS / doc):
         if b.skip is not None:
             continue
@@ -160,7 +160,7 @@ def test_doc_code_runs(doc, sandbox):
             (sandbox / b.file).write_text(b.code)
         elif b.lang == "python":
             try:
-                exec(compile(b.code, str(b), "exec"), namespace)
+                exec(compile(b.code, str(b), "exec"), {"__name__": "__main__"})  # standalone: no names from above
             except Exception as e:
                 raise AssertionError(f"{b} raised {type(e).__name__}: {e}\n{b.code}") from e
         elif b.lang == "bash":

@@ -33,3 +33,20 @@ def test_fresh_machine_commands():
     assert blocks[1].strip() == "FEDLIGHT_DATA=../shared/data python -m pytest tests -q"
     ci = (README.parent / ".ci" / "run").read_text()
     assert "python -m pytest tests -q" in ci and '-e ".[dev]"' in ci
+
+
+def test_readme_and_docs_stay_inside_the_repository():
+    """Links resolve inside the repository; nothing points at files a clone does not have (../shared/...)."""
+    root = README.parent
+    for page in [README, *sorted((root / "docs").glob("*.md"))]:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+            resolved = (page.parent / target).resolve()
+            assert resolved.exists(), f"{page.name} links to missing {target}"
+            assert root.resolve() in resolved.parents or resolved == root.resolve(), f"{page.name}: {target} is outside"
+        outside = [ln for ln in text.splitlines() if "../shared/" in ln and "FEDLIGHT_DATA=../shared/data" not in ln]
+        assert not outside, f"{page.name} refers to files outside the repository: {outside}"
+
+
+def test_readme_states_a_measured_suite_time():
+    assert "TEST_SUITE_SIZE_AND_TIME" not in README.read_text(), "measure the suite and write its size and time"

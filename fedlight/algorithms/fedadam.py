@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from fedlight import params as P
+from fedlight.advice import Scale
 from fedlight.errors import check
 from fedlight.params import Params
 from fedlight.registry import register
@@ -84,6 +85,8 @@ class FedAdam(Algorithm):
         bias_correction: bias-correct m and v as in Kingma & Ba (off in the paper's Alg. 2 and in the seeds'
             comparisons).
     """
+
+    scales = (Scale("algorithm.server_lr", paper=0.01, low=1e-4, high=0.1, attr="server.lr"),)  # fedlight.advice
 
     def __init__(self, server_lr: float = 0.01, beta1: float = 0.9, beta2: float = 0.99, tau: float = 0.01,
                  bias_correction: bool = False) -> None:

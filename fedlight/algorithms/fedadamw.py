@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlight import params as P
+from fedlight.advice import Scale
 from fedlight.algorithms.compose import InRoundLR, in_round_cosine, values
 from fedlight.algorithms.fedlada import AmendedAdam
 from fedlight.errors import ConfigError, check
@@ -296,6 +297,8 @@ class FedAdamW(Algorithm):
         local_schedule: the lr over a round's K local steps: "constant" (η_r throughout) or "cosine"
             (η_k = ½η_r(1 + cos(πk/K)), the paper's Swin/RoBERTa set-ups, Appendix C), on top of the round schedule.
     """
+
+    scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.advice
 
     def __init__(self, alpha: float = 0.5, lam: float | None = None, beta1: float | None = None,
                  beta2: float = 0.999, eps: float = 1e-8, server_lr: float = 1.0,

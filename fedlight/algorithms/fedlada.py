@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from fedlight import params as P
+from fedlight.advice import Scale
 from fedlight.algorithms.compose import values
 from fedlight.errors import check
 from fedlight.params import Params
@@ -177,6 +178,8 @@ class FedLADA(Algorithm):
         beta2: β2 of the local Adam, in [0, 1).
         eps: ε of the local Adam (> 0).
     """
+
+    scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.advice
 
     def __init__(self, gamma: float = 0.9, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> None:
         check(0 <= gamma < 1, f"`algorithm.gamma` must be in [0, 1), got {gamma}")

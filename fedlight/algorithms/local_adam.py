@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from fedlight.advice import Scale
 from fedlight.errors import check
 from fedlight.registry import register
 from fedlight.rules import Algorithm, LocalUpdateRule, ServerRule
@@ -67,6 +68,8 @@ class LocalAdam(Algorithm):
         server_lr: η_g.
     """
 
+    scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.advice
+
     def __init__(self, weight_decay: float = 0.01, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
                  server_lr: float = 1.0) -> None:
         _check_adam(weight_decay, beta1, beta2, eps, server_lr)
@@ -88,6 +91,8 @@ class LocalAdamW(Algorithm):
         eps: ε (> 0).
         server_lr: η_g.
     """
+
+    scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.advice
 
     def __init__(self, weight_decay: float = 0.01, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
                  server_lr: float = 1.0) -> None:

@@ -318,6 +318,13 @@ class LoadedRun:
     round: int
     """Rounds completed by the loaded weights."""
     weights: Path
+    algorithm: str = "FedAvg"
+    """The run's algorithm (class name), for titles."""
+
+    @property
+    def label(self) -> str:
+        """``FedSAM (run dir name), round 20, MLP``: what a plot of this model is of."""
+        return f"{self.algorithm} ({self.run_dir.name}), round {self.round}, {type(self.model).__name__}"
 
 
 def load_weights(model: nn.Module, path: Path) -> int | None:
@@ -378,7 +385,8 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = model.to(device=dev, dtype=torch.float32)
     data.setup(dev, seed)
-    return LoadedRun(run_dir, model, data, seed, rnd, weights)
+    algorithm = type(kwargs["algorithm"]).__name__ if kwargs.get("algorithm") is not None else "FedAvg"
+    return LoadedRun(run_dir, model, data, seed, rnd, weights, algorithm)
 
 
 def data_batches(data: Any, split: str = "train", max_samples: int | None = None, seed: int = 0,
@@ -478,8 +486,8 @@ def run_landscape(run_dir: str | Path, split: str = "train", dims: int = 1, poin
     d1 = random_direction(run.model, seed=seed)
     out_dir = _out_dir(run, out)
     stem = f"r{run.round}_{split}"
-    what = f"{split} loss, round {run.round}, {type(run.model).__name__}"
-    result: dict[str, Any] = {"round": run.round, "split": split, "base_loss": loss(run.model, batches)}
+    what = f"{split} loss: {run.label}"
+    result: dict[str, Any] = {"round": run.round, "split": split, "base_loss": loss(run.model, batches), "titles": []}
     images: dict[str, Any] = {}
     paths: list[Path] = []
     curve = None
@@ -488,7 +496,8 @@ def run_landscape(run_dir: str | Path, split: str = "train", dims: int = 1, poin
         g2 = landscape_2d(run.model, batches, d1, d2, points=points, span=span)
         result["grid_2d"] = g2
         np.savez(out_dir / f"{stem}_2d.npz", **g2)
-        fig = plot_2d(g2["alphas"], g2["betas"], g2["losses"], f"{what} (2-D, filter-normalized)")
+        fig = plot_2d(g2["alphas"], g2["betas"], g2["losses"], f"{what}\n2-D, filter-normalized directions")
+        result["titles"].append(fig.axes[0].get_title())
         fig.savefig(out_dir / f"{stem}_2d.png")
         images[f"landscape/{split}_2d"] = fig
         paths += [out_dir / f"{stem}_2d.png", out_dir / f"{stem}_2d.npz"]
@@ -501,7 +510,8 @@ def run_landscape(run_dir: str | Path, split: str = "train", dims: int = 1, poin
     np.savez(out_dir / f"{stem}_1d.npz", **curve)
     np.savetxt(out_dir / f"{stem}_1d.csv", np.stack([curve["alphas"], curve["losses"]], 1), delimiter=",",
                header="alpha,loss", comments="")
-    fig = plot_1d(curve["alphas"], curve["losses"], f"{what} (1-D, filter-normalized)")
+    fig = plot_1d(curve["alphas"], curve["losses"], f"{what}\n1-D, filter-normalized direction")
+    result["titles"].append(fig.axes[0].get_title())
     fig.savefig(out_dir / f"{stem}_1d.png")
     images[f"landscape/{split}_1d"] = fig
     paths += [out_dir / f"{stem}_1d.png", out_dir / f"{stem}_1d.csv", out_dir / f"{stem}_1d.npz"]

@@ -170,15 +170,19 @@ def mean_curve(runs: list[Path], key: str) -> tuple[list[int], list[float]]:
     return rounds, [sum(by_round[r]) / len(by_round[r]) for r in rounds]
 
 
-def plot_curves(groups: dict[str, list[Path]], path: Path, title: str = "") -> Path:
-    """Write a PNG with test accuracy (%) and train loss against rounds, one line per group (mean over its runs)."""
-    import matplotlib
+def curves_figure(groups: dict[str, list[Path]], title: str = ""):
+    """Test accuracy (%) and train loss against rounds, one line per group (mean over its runs), as a ``Figure``.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    The loss panel is on a log axis (when every loss is positive), so one diverging rule does not flatten the rest.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
+    fig = Figure(figsize=(11, 4.2), dpi=100)
+    FigureCanvasAgg(fig)
+    ax_acc, ax_loss = fig.subplots(1, 2)
+    all_losses: list[float] = []
     for label, runs in groups.items():
         label = label if len(runs) == 1 else f"{label} (mean of {len(runs)})"
         r, acc = mean_curve(runs, "test_acc")
@@ -187,18 +191,27 @@ def plot_curves(groups: dict[str, list[Path]], path: Path, title: str = "") -> P
         r, loss = mean_curve(runs, "train_loss")
         if r:
             ax_loss.plot(r, loss, label=label, lw=1.4, marker="o" if len(r) < 12 else None, ms=3)
+            all_losses += loss
     for ax, name in ((ax_acc, "test accuracy (%)"), (ax_loss, "train loss")):
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
+    if all_losses and min(all_losses) > 0:
+        ax_loss.set_yscale("log")
+        ax_loss.set_ylabel("train loss (log scale)")
+        ax_loss.grid(alpha=0.3, which="both")
     ax_loss.legend(fontsize=7, loc="best", ncol=1 + len(groups) // 12)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def plot_curves(groups: dict[str, list[Path]], path: Path, title: str = "") -> Path:
+    """Write :func:`curves_figure` as a PNG."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    curves_figure(groups, title).savefig(path)
     return path
 
 

@@ -1,0 +1,40 @@
+"""The package's face is light: a rule lifted into a custom Fabric script imports only the contract."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("fedlight.data", "fedlight.models", "fedlight.cli", "fedlight.lab", "fedlight.api", "fedlight.loop",
+         "lightning", "jsonargparse", "torchvision")
+
+
+def _imported(statement: str) -> list[str]:
+    """The heavy modules loaded by ``statement`` in a fresh interpreter that imports this checkout's fedlight."""
+    code = f"import sys, json\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    mods = json.loads(out.strip().splitlines()[-1])
+    assert any(m == "fedlight.rules" for m in mods)
+    return [m for m in mods if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+
+
+@pytest.mark.parametrize("statement", ["import fedlight.rules", "import fedlight.algorithms.fedsam", "import fedlight",
+                                       "from fedlight.algorithms import FedAdamW", "import fedlight.registry"])
+def test_rule_imports_no_data_models_cli_or_lab(statement):
+    assert _imported(statement) == []
+
+
+def test_fit_is_still_importable_from_the_package():
+    import fedlight
+    from fedlight import fit
+    from fedlight.api import fit as api_fit
+
+    assert fit is api_fit and fedlight.fit is api_fit and "fit" in dir(fedlight)
+    with pytest.raises(AttributeError):
+        fedlight.no_such_name  # noqa: B018
