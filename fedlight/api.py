@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,13 @@ from torch import nn
 from fedlight.args import LoopConfig
 from fedlight.data import FederatedDataModule
 from fedlight.errors import ConfigError, check
+from fedlight.record import RUN_FILES, RunRecord
+from fedlight.records import load_checkpoint
 from fedlight.rules import Algorithm
+from fedlight.rundir import LOCK_NAME, check_out_dir, differences, settings_hash, split_settings
+from fedlight.spec import describe
 
 PRECISIONS = ("32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed")
-_RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "tb", "final_model.pt", "client_state")
 
 
 def fit(
@@ -35,39 +39,64 @@ def fit(
     """Train ``model`` federatedly with ``algorithm`` on ``data`` and write the run record to ``out_dir``.
 
     Args:
-        model: the network (a plain ``nn.Module``; e.g. ``fedlight.models.ResNet18``).
+        model: the network (a plain ``nn.Module``; e.g. ``fedlight.models.ResNet18``). From Python it may also be a
+            class-path spec ``{"class_path": "fedlight.models.MLP", "init_args": {...}}``: ``fit`` then builds it
+            after ``torch.manual_seed(seed)`` (as the CLI does) and records it whole in ``config.yaml``.
         data: a federated data module: dataset + partition (e.g. ``fedlight.data.CIFAR10``).
         algorithm: the federated rule pair (e.g. ``fedlight.algorithms.FedNSAM``); default FedAvg.
         loop: rounds, sampling, local steps, optimizer, schedule, evaluation and checkpoint settings.
         seed: every random stream (sampling, data order, augmentation, init) derives from it.
-        out_dir: run directory; default ``runs/<algorithm>_<model>_<data>_s<seed>``.
+        out_dir: run directory; default ``runs/<algorithm>_<model>_<data>_s<seed>-<hash>``, the hash taken over the
+            settings that define the run (so runs that differ never share a directory). Locked while a run uses it.
         accelerator: ``cpu``, ``cuda``, ``gpu`` or ``auto``.
         devices: processes per node (client-parallel; ``ddp`` launcher, gloo on CPU, nccl on GPU).
         num_nodes: machines, through Fabric's launcher.
         precision: ``32-true`` (CPU default), ``bf16-mixed`` (GPU default), ``64-true``, ``bf16-true``, ``16-mixed``.
-        resume: ``auto`` (continue from ``out_dir/checkpoints/last.ckpt`` when it exists) or a checkpoint path.
+        resume: ``auto`` (continue from ``out_dir/checkpoints/last.ckpt`` when it exists) or a checkpoint path. A
+            checkpoint whose defining settings differ from this run's is refused with the list of differences;
+            execution-only settings (devices, parallelism, checkpoint cadence, ...; see :mod:`fedlight.rundir`) may
+            change and are recorded per segment in ``summary.json``.
         overwrite: start over in an existing, non-empty run directory.
 
     Returns:
         The summary (also written to ``out_dir/summary.json``).
     """
-    import lightning as L
-    import torch
-
     from fedlight.advice import check_scales
-    from fedlight.loop import FederatedLoop
 
     algorithm = algorithm if algorithm is not None else _default_algorithm()
     check_scales(algorithm, loop)  # an adaptive rule at an SGD-scale lr warns before round 1
-    world = devices * num_nodes
-    check(isinstance(devices, int) and devices > 0, f"`devices` must be a positive integer, got {devices!r}")
-    check(isinstance(num_nodes, int) and num_nodes > 0, f"`num_nodes` must be a positive integer, got {num_nodes!r}")
-    n = getattr(data, "num_clients", None)
-    if n is not None:
-        check(loop.clients_per_round <= n,
-              f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({n})")
-    check(loop.clients_per_round >= world, f"`loop.clients_per_round` ({loop.clients_per_round}) must be at least "
-          f"the number of processes (devices × num_nodes = {world})")
+    _check_args(data, loop, devices, num_nodes)
+    accelerator, precision = _resolve_device(accelerator, precision, algorithm)
+    model, text = _model_and_config(model, data, algorithm, loop, seed, precision, _config_text)
+    defining, execution = split_settings(_settings(text, precision))
+    out = Path(out_dir) if out_dir else Path("runs") / f"{_default_name(algorithm, model, data, seed)}-" \
+        f"{settings_hash(defining)}"
+    check_out_dir(out)
+    ckpt_path = _resolve_resume(resume, out)
+    ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else None
+    _check_existing(out, resume, overwrite)
+    fabric = _fabric(accelerator, devices, num_nodes, precision)
+    record = RunRecord(out, rank0=fabric.global_rank == 0, rounds=loop.rounds, progress=loop.progress,
+                       hint=_lr_hint(algorithm, loop))
+    _agree(fabric, record.acquire)
+    refused = True
+    try:
+        runner = _prepare(fabric, model, data, algorithm, loop, seed, out, ckpt, ckpt_path, defining, precision)
+        record.extra = {"settings": json.dumps(defining, default=str)}
+        record.segments = _segments(ckpt, runner.start_round if ckpt else 0, execution)
+        record.hparams = _hparams(algorithm, loop, seed)
+        if fabric.global_rank == 0:
+            print(f"fedlight: run directory {out}", file=sys.stderr, flush=True)
+        refused = False
+        record.open(text, data, overwrite=overwrite and ckpt is None, fresh=ckpt is None)
+        return runner.fit(record)
+    finally:
+        record.close(refused=refused)
+
+
+def _resolve_device(accelerator: str, precision: str | None, algorithm) -> tuple[str, str]:
+    import torch
+
     if accelerator == "auto":
         accelerator = "cuda" if torch.cuda.is_available() else "cpu"
     if precision is None:
@@ -76,41 +105,114 @@ def fit(
     if precision == "16-mixed" and algorithm.local.needs_true_grad_norm:
         raise ConfigError(f"`precision: 16-mixed` is refused by {type(algorithm).__name__}: it takes gradient norms, "
                           "which fp16 loss scaling distorts. Use `--precision bf16-mixed` or `32-true`")
-    out = Path(out_dir) if out_dir else Path("runs") / _default_name(algorithm, model, data, seed)
-    ckpt = _resolve_resume(resume, out)
-    _prepare_out_dir(out, resume, overwrite)
+    return accelerator, precision
 
-    strategy = "ddp" if world > 1 else "auto"
-    logger = None
+
+def _model_and_config(model, data, algorithm, loop, seed, precision, text):
+    """The model (built here, after seeding, when given as a class-path spec, as the CLI builds it) and the
+    resolved config text (described from the objects for a Python-API run)."""
+    spec = None
+    if isinstance(model, (dict, str)):
+        import torch
+
+        from fedlight.spec import build
+
+        spec = {"class_path": model} if isinstance(model, str) else model
+        torch.manual_seed(seed)
+        model = build(spec)
+    if text is None:
+        text = _describe(model, data, algorithm, loop, seed, precision=precision, model_spec=spec)
+        if spec is None and "init_args" not in describe(model):
+            print(f"fedlight: note: config.yaml records the model {type(model).__name__} by class path only; pass "
+                  "it to fit as a class-path spec ({'class_path': ..., 'init_args': {...}}) so landscape, sharpness "
+                  "and --resume can rebuild it", file=sys.stderr)
+    return model, text
+
+
+def _fabric(accelerator: str, devices: int, num_nodes: int, precision: str):
+    import lightning as L
+
     try:
         fabric = L.Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
-                          strategy=strategy)
+                          strategy="ddp" if devices * num_nodes > 1 else "auto")
     except (ValueError, RuntimeError, TypeError) as e:
         raise ConfigError(f"`accelerator`/`devices`/`precision` ({accelerator}, {devices}, {precision}): "
                           f"{str(e).splitlines()[0]}") from None
     fabric.launch()
+    return fabric
+
+
+def _check_args(data, loop: LoopConfig, devices: int, num_nodes: int) -> None:
+    world = devices * num_nodes if isinstance(devices, int) and isinstance(num_nodes, int) else 1
+    check(isinstance(devices, int) and devices > 0, f"`devices` must be a positive integer, got {devices!r}")
+    check(isinstance(num_nodes, int) and num_nodes > 0, f"`num_nodes` must be a positive integer, got {num_nodes!r}")
+    n = getattr(data, "num_clients", None)
+    if n is not None:
+        check(loop.clients_per_round <= n,
+              f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({n})")
+    check(loop.clients_per_round >= world, f"`loop.clients_per_round` ({loop.clients_per_round}) must be at least "
+          f"the number of processes (devices × num_nodes = {world})")
+
+
+def _agree(fabric, step) -> None:
+    """Run ``step`` (rank 0's part of a check) and make every rank raise the same error if it fails."""
+    error = None
+    try:
+        step()
+    except ConfigError as e:
+        error = str(e)
+    if fabric.world_size > 1:
+        error = fabric.broadcast(error, src=0)
+    if error is not None:
+        raise ConfigError(error)
+
+
+def _prepare(fabric, model, data, algorithm, loop, seed, out, ckpt, ckpt_path, defining, precision):
+    """Data, the loop and the resume checks: everything that may refuse the run, before any file is written."""
+    import torch
+
+    from fedlight.loop import FederatedLoop
+    from fedlight.records import meta_differences
+
+    data.input_dtype = torch.float64 if precision == "64-true" else torch.float32  # float64 data keeps its precision
     with fabric.rank_zero_first():
         data.setup(fabric.device, seed)
     check(loop.clients_per_round <= data.num_clients,
           f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({data.num_clients})")
-    if fabric.global_rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        from fedlight.records import atomic_write_text
-
-        atomic_write_text(out / "config.yaml", _config_text or _describe(model, data, algorithm, loop, seed))
-        from fedlight.logger import RunLogger
-
-        logger = RunLogger(out)
-        logger.log_config(_config_text or "")
-        logger.log_partition(data)
     runner = FederatedLoop(fabric, model, data, algorithm, loop, seed, out)
+    runner.store.use_folder(out / "client_state" / f"rank{fabric.global_rank}")  # unchanged states: never rewritten
     if ckpt is not None:
+        problems = meta_differences(ckpt["meta"], runner.meta())
+        if not problems and ckpt.get("settings"):
+            problems = differences(json.loads(ckpt["settings"]), defining)
+        if problems:
+            raise ConfigError(f"`resume` checkpoint {ckpt_path} does not match this run: {'; '.join(problems)}. "
+                              "Resume with the settings it was trained with, or start a new run (another "
+                              "`--out_dir`, or `--overwrite true` without `--resume`)")
         runner.load(ckpt)
-    summary = runner.fit(logger=logger)
-    if logger is not None:
-        logger.log_summary(_hparams(algorithm, loop, seed), summary)
-        logger.close()
-    return summary
+    return runner
+
+
+def _segments(ckpt, start_round: int, execution: dict[str, Any]) -> list[dict[str, Any]]:
+    """Execution-only settings per stretch of the run; a resume adds one, listing what changed."""
+    before = json.loads(ckpt["segments"]) if ckpt is not None and ckpt.get("segments") else []
+    execution = {k: v for k, v in execution.items() if k not in ("resume", "overwrite")}
+    seg: dict[str, Any] = {"from_round": start_round, "settings": execution}
+    if before:
+        prev = before[-1]["settings"]
+        seg["changed"] = sorted(k for k in prev.keys() | execution.keys()
+                                if json.dumps(prev.get(k), default=str) != json.dumps(execution.get(k), default=str))
+    return [*before, json.loads(json.dumps(seg, default=str))]
+
+
+def _lr_hint(algorithm, loop: LoopConfig) -> str:
+    from fedlight.rules import LocalUpdateRule
+
+    name = type(algorithm).__name__
+    own = type(algorithm.local).make_optimizer is not LocalUpdateRule.make_optimizer
+    opt = f"{name}'s own local optimizer" if own else f"the local optimizer {loop.optimizer}"
+    return (f"the learning rate `loop.lr` = {loop.lr:g} is too large for {opt} (adaptive optimizers such as Adam/AdamW "
+            f"usually take ~1e-3); lower it, e.g. `--loop.lr {loop.lr / 100:g}`")
 
 
 def _hparams(algorithm, loop, seed) -> dict[str, Any]:
@@ -120,7 +222,7 @@ def _hparams(algorithm, loop, seed) -> dict[str, Any]:
     for k, v in dataclasses.asdict(loop).items():
         if isinstance(v, (int, float, str, bool)):
             flat[f"loop.{k}"] = v
-    for k, v in vars(algorithm).items():
+    for k, v in {**vars(algorithm), **vars(algorithm).get("_init_args", {})}.items():
         if isinstance(v, (int, float, str, bool)):
             flat[f"algorithm.{k}"] = v
     return flat
@@ -143,35 +245,40 @@ def _resolve_resume(resume: str | None, out: Path) -> Path | None:
     if resume == "auto":
         last = out / "checkpoints" / "last.ckpt"
         return last if last.exists() else None
-    from fedlight.records import load_checkpoint
-
-    load_checkpoint(Path(resume))  # fail early with a clear message
     return Path(resume)
 
 
-def _prepare_out_dir(out: Path, resume: str | None, overwrite: bool) -> None:
-    if not out.exists() or not any(out.iterdir()) or resume is not None:
+def _check_existing(out: Path, resume: str | None, overwrite: bool) -> None:
+    """A fresh run refuses a directory that holds another run unless told to overwrite it (cleared later, under the
+    lock, by the run record)."""
+    if not out.exists() or not any(p.name != LOCK_NAME for p in out.iterdir()) or resume is not None:
         return
     if not overwrite:
         raise ConfigError(f"`out_dir` {out} already holds a run; pass `--resume auto` to continue it, "
                           "`--overwrite true` to start over, or choose another `--out_dir`")
-    if not any((out / f).exists() for f in _RUN_FILES):
+    if not any((out / f).exists() for f in RUN_FILES):
         raise ConfigError(f"`overwrite` refuses to clear {out}: it does not look like a fedlight run directory")
-    for f in _RUN_FILES:
-        p = out / f
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
 
 
-def _describe(model, data, algorithm, loop, seed) -> str:
+def _describe(model, data, algorithm, loop, seed, precision=None, model_spec=None) -> str:
+    """The resolved recipe of a Python-API run: class paths with the constructor arguments that can be recovered."""
     import dataclasses
 
     import yaml
 
-    def cls(o):
-        return {"class_path": f"{type(o).__module__}.{type(o).__qualname__}"}
+    from fedlight.spec import describe
 
-    return yaml.safe_dump({"seed": seed, "model": cls(model), "data": cls(data), "algorithm": cls(algorithm),
+    return yaml.safe_dump({"seed": seed, "precision": precision, "model": model_spec or describe(model),
+                           "data": describe(data), "algorithm": describe(algorithm),
                            "loop": dataclasses.asdict(loop)}, sort_keys=False)
+
+
+def _settings(text: str, precision: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        settings = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        settings = {}
+    settings = settings if isinstance(settings, dict) else {}
+    return {**settings, "precision": precision}

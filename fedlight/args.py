@@ -53,6 +53,10 @@ def _init_params(cls: type) -> set[str]:
     return set(inspect.signature(cls.__init__).parameters)
 
 
+MAX_LR = 1e30
+"""Largest accepted ``loop.lr``: any float a float32 update can hold after scaling, with margin."""
+
+
 @dataclass
 class LoopConfig:
     """How the federated simulation runs (everything that is engineering, not an algorithm's math)."""
@@ -143,12 +147,13 @@ class LoopConfig:
         unknown = sorted(given - _init_params(opt) | given & {"params", "lr", "weight_decay"})
         check(not unknown, f"`loop.optimizer_args` {unknown} are not arguments {self.optimizer} takes from there "
               "(lr comes from `loop.lr`, weight decay from `loop.weight_decay`)")
-        check(self.lr > 0 and math.isfinite(self.lr), f"`loop.lr` must be positive, got {self.lr}")
+        check(0 < self.lr <= MAX_LR, f"`loop.lr` must be positive and at most {MAX_LR:g} (float32 parameters "
+              f"overflow beyond ~3.4e38), got {self.lr}")
         check(0 <= self.momentum < 1, f"`loop.momentum` must be in [0, 1), got {self.momentum}")
         check(self.momentum == 0 or "momentum" in _init_params(opt),
               f"`loop.momentum` ({self.momentum}) is not an argument of `loop.optimizer` {self.optimizer}; "
               "set it to 0 or pass the optimizer's own arguments in `loop.optimizer_args`")
-        check(self.weight_decay >= 0, f"`loop.weight_decay` must be >= 0, got {self.weight_decay}")
+        check(0 <= self.weight_decay < math.inf, f"`loop.weight_decay` must be >= 0, got {self.weight_decay}")
         check(self.max_grad_norm is None or self.max_grad_norm > 0,
               f"`loop.max_grad_norm` must be positive or null, got {self.max_grad_norm}")
         check(self.state_budget_mb is None or self.state_budget_mb >= 0,

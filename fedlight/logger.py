@@ -3,6 +3,7 @@
 The loop hands every per-round row (the same dict written to ``metrics.jsonl``) to :meth:`RunLogger.log_round`.
 What lands in ``<run>/tb``:
 
+* per-client histograms ``clients/train_loss``, ``clients/delta_norm``, ``clients/num_samples`` of each round;
 * scalars, one tag per ``metrics.jsonl`` key, grouped ``test/``, ``train/``, ``server/``, ``rule/``, ``time/``,
   ``comm/`` (see :data:`TAGS`); ``time/total_s`` adds training, aggregation, evaluation and checkpointing;
 * a "Custom Scalars" layout with the per-round time breakdown, accuracy/loss and communication in one chart each;
@@ -25,6 +26,9 @@ TAGS = {"lr": "train/lr", "train_loss": "train/loss", "test_acc": "test/acc", "t
         "eval_time_s": "time/eval_s", "checkpoint_time_s": "time/checkpoint_s", "bytes_up": "comm/bytes_up",
         "bytes_down": "comm/bytes_down", "flatness_distance": "train/flatness_distance",
         "update_norm": "server/update_norm"}
+
+CLIENT_KEYS = ("train_loss", "delta_norm", "num_samples")
+"""Entries of each ``metrics.jsonl`` ``clients`` item logged as ``clients/<key>`` histograms."""
 
 TIME_PARTS = ("train_time_s", "aggregate_time_s", "eval_time_s", "checkpoint_time_s")
 """The per-round time breakdown; ``time/total_s`` is their sum (``round_time_s`` = train + aggregate)."""
@@ -184,10 +188,21 @@ class RunLogger:
             x = _number(v)
             if k != "round" and x is not None:
                 self.writer.add_scalar(tag(k), x, step)
+        self._client_histograms(row.get("clients"), step)
         parts = [_number(row.get(k)) for k in TIME_PARTS]
         if any(p is not None for p in parts):
             self.writer.add_scalar("time/total_s", sum(p for p in parts if p is not None), step)
         self.writer.flush()
+
+    def _client_histograms(self, clients: Any, step: int) -> None:
+        """Per-client train loss, update norm ‖Δ_i‖ and sample count of the round as ``clients/*`` histograms."""
+        if not isinstance(clients, list) or not clients:
+            return
+        for key in CLIENT_KEYS:
+            values = [_number(c.get(key)) for c in clients if isinstance(c, dict)]
+            values = [v for v in values if v is not None and math.isfinite(v)]
+            if values:
+                self.writer.add_histogram(f"clients/{key}", np.asarray(values, dtype=np.float64), step)
 
     def _purge_from(self, step: int) -> None:
         """A resumed run re-logs rounds after its checkpoint: a session-start event at ``step`` makes TensorBoard

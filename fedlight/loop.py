@@ -11,7 +11,6 @@ never wrapped in DDP.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,28 +22,13 @@ from torch import Tensor, nn
 from fedlight import params as P
 from fedlight.aggregate import Accumulator, Reduced
 from fedlight.args import LoopConfig
-from fedlight.records import (
-    MetricsLog,
-    atomic_torch_save,
-    atomic_write_text,
-    fault,
-    load_checkpoint,
-    rss_mb,
-    summarize,
-)
+from fedlight.fitting import Diverged, Fitting
+from fedlight.records import fault, to_device
 from fedlight.round_row import RoundRow, client_entries
 from fedlight.rules import Algorithm, ClientResult, RoundInfo, ServerRule
 from fedlight.runners import ClientJob, TrainSetup, select_runner
 from fedlight.sampling import assign_clients, client_fails, client_generator, sample_clients
 from fedlight.state import ClientStateStore
-
-
-class Diverged(RuntimeError):
-    """Training produced a non-finite loss, update or model (``loop.on_nonfinite: stop``)."""
-
-    def __init__(self, round: int, what: str) -> None:
-        super().__init__(f"round {round + 1}: {what}")
-        self.round = round
 
 
 @dataclass
@@ -76,7 +60,7 @@ class Collected:
     layout: Any = None
 
 
-class FederatedLoop:
+class FederatedLoop(Fitting):
     """Runs ``cfg.rounds`` rounds of ``algorithm`` on ``model`` and ``data`` and writes the run record.
 
     Args:
@@ -120,7 +104,6 @@ class FederatedLoop:
         self.diverged_at: int | None = None
         self._round_done = 0
         self.totals = {"bytes_up": 0, "bytes_down": 0, "wall_time_s": 0.0}
-        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl")
         setup = TrainSetup(model=self.model, local=self.local, fabric=fabric, optimizer=cfg.optimizer_factory(),
                            max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay, seed=seed)
         name = getattr(algorithm, "name", type(algorithm).__name__)
@@ -221,13 +204,13 @@ class FederatedLoop:
         """Share states, skipped clients, per-client entries, results and the sum layout across ranks."""
         if self.fabric.world_size == 1:
             return got
-        mine = (_to(got.states, "cpu"), got.skipped, got.clients, _to(got.results, "cpu"), got.layout)
+        mine = (to_device(got.states, "cpu"), got.skipped, got.clients, to_device(got.results, "cpu"), got.layout)
         parts: list[Any] = [None] * self.fabric.world_size
         torch.distributed.all_gather_object(parts, mine)
-        got.states = {c: _to(s, self.device) for p in parts for c, s in p[0].items()}
+        got.states = {c: to_device(s, self.device) for p in parts for c, s in p[0].items()}
         got.skipped = sorted(c for p in parts for c in p[1])
         got.clients = sorted((e for p in parts for e in p[2]), key=lambda e: e["id"])
-        got.results = sorted(((c, _to(res, self.device)) for p in parts for c, res in p[3]), key=lambda t: t[0])
+        got.results = sorted(((c, to_device(res, self.device)) for p in parts for c, res in p[3]), key=lambda t: t[0])
         got.layout = next((p[4] for p in parts if p[4] is not None), None)
         return got
 
@@ -238,162 +221,3 @@ class FederatedLoop:
         agg = self.server.aggregate([res for _, res in got.results], self.server.weighting or self.cfg.weighting)
         agg.metrics = red.result.metrics
         return agg
-
-    # ----------------------------------------------------------------------------------------- evaluation
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Accuracy and loss of the global model on the test set (batches strided over ranks)."""
-        from torchmetrics import MeanMetric
-        from torchmetrics.classification import MulticlassAccuracy
-
-        P.copy_(self.live, self.x)
-        P.copy_(self.live_buffers, self.buffers)
-        self.model.eval()
-        acc = MulticlassAccuracy(num_classes=self.data.num_classes, average="micro").to(self.device)
-        loss = MeanMetric().to(self.device)
-        precision = self.fabric.strategy.precision
-        for j, (xb, yb) in enumerate(self.data.test_batches()):
-            if j % self.fabric.world_size != self.fabric.global_rank:
-                continue
-            with precision.forward_context():
-                logits = self.model(precision.convert_input(xb))
-            fault("eval", self._round_done + 1)
-            loss.update(nn.functional.cross_entropy(logits.float(), yb, reduction="sum") / len(yb), len(yb))
-            acc.update(logits.float(), yb)
-        self.model.train()
-        return {"test_acc": float(acc.compute()), "test_loss": float(loss.compute())}
-
-    # ----------------------------------------------------------------------------------------- checkpoints
-    def checkpoint_state(self, rounds_done: int) -> dict[str, Any]:
-        return {
-            "format": 1,
-            "round": rounds_done,
-            "params": _to(self.x, "cpu"),
-            "buffers": _to(self.buffers, "cpu"),
-            "int_buffers": _to({k: v.clone() for k, v in self.int_buffers.items()}, "cpu"),
-            "server": _to(self.server.state_dict(), "cpu"),
-            "store": self.store.state_dict(),
-            "totals": dict(self.totals),
-            "meta": self.meta(),
-        }
-
-    def meta(self) -> dict[str, Any]:
-        return {"algorithm": getattr(self.algorithm, "name", type(self.algorithm).__name__),
-                "model": type(self.model).__name__,
-                "shapes": {k: list(v.shape) for k, v in self.x.items()},
-                "num_clients": self.data.num_clients, "seed": self.seed}
-
-    def save(self, rounds_done: int, row: dict[str, Any] | None = None) -> None:
-        if self.fabric.global_rank == 0:
-            state = self.checkpoint_state(rounds_done)
-            state["last_row"] = json.dumps(row) if row is not None else None
-            atomic_torch_save(state, self.out_dir / "checkpoints" / "last.ckpt",
-                              before_replace=lambda: fault("ckpt", rounds_done))
-            fault("metrics", rounds_done)
-        self.fabric.barrier()
-
-    def load(self, path: Path) -> None:
-        ckpt = load_checkpoint(path, map_location=self.device)
-        meta = self.meta()
-        from fedlight.errors import ConfigError
-
-        for key in ("algorithm", "model", "shapes", "num_clients", "seed"):
-            if ckpt["meta"].get(key) != meta[key]:
-                raise ConfigError(f"`resume` checkpoint {path} does not match this run: {key} is "
-                                  f"{ckpt['meta'].get(key)!r} there and {meta[key]!r} here")
-        self.x = {k: v.to(self.device) for k, v in ckpt["params"].items()}
-        self.buffers = {k: v.to(self.device) for k, v in ckpt["buffers"].items()}
-        for k, v in ckpt["int_buffers"].items():
-            self.int_buffers[k].copy_(v)
-        self.server.load_state_dict(_to(ckpt["server"], self.device))
-        self.store.load_state_dict(ckpt["store"])
-        self.totals = dict(ckpt["totals"])
-        self.start_round = int(ckpt["round"])
-        self._last_row = json.loads(ckpt["last_row"]) if ckpt.get("last_row") else None
-
-    # ----------------------------------------------------------------------------------------- fit
-    def fit(self, logger=None) -> dict[str, Any]:
-        """Run the remaining rounds. Order per round: train → evaluate → checkpoint (which carries the round's
-        metrics row) → append the row to metrics.jsonl. A kill at any point loses at most the unfinished round."""
-        cfg, fabric = self.cfg, self.fabric
-        rank0 = fabric.global_rank == 0
-        if rank0:
-            self.metrics.truncate_to(self.start_round)
-            done = self.metrics.rows[-1]["round"] if self.metrics.rows else 0
-            if self._last_row is not None and done < self.start_round:
-                self.metrics.append(self._last_row)  # killed between checkpoint and metrics append
-        fabric.print(f"fedlight: client runner: {self.runner.name} ({self.runner_reason})")
-        bar = _progress(cfg, rank0, self.start_round)
-        t_fit = time.perf_counter()
-        wall0 = self.totals["wall_time_s"]
-        for r in range(self.start_round, cfg.rounds):
-            self._round_done = r
-            try:
-                row = self.run_round(r)
-            except Diverged as d:
-                self.diverged_at = d.round + 1
-                fabric.print(f"fedlight: stopped, diverged in {d}; the last good checkpoint is kept")
-                break
-            last = r + 1 == cfg.rounds
-            if (r + 1) % cfg.eval_every == 0 or last:
-                t = time.perf_counter()
-                row.update(self.evaluate())
-                row["eval_time_s"] = time.perf_counter() - t
-            self.totals["bytes_up"] += row["bytes_up"]
-            self.totals["bytes_down"] += row["bytes_down"]
-            self.totals["wall_time_s"] = wall0 + time.perf_counter() - t_fit
-            row["rss_mb"] = rss_mb()
-            if (r + 1) % cfg.save_every == 0 or last:
-                t = time.perf_counter()
-                self.save(r + 1, row)
-                row["checkpoint_time_s"] = time.perf_counter() - t
-            if rank0:
-                self.metrics.append(row)
-                if logger is not None:
-                    logger.log_round(row, step=r + 1)
-            if bar is not None:
-                bar.update(1)
-                acc = next((x["test_acc"] for x in reversed(self.metrics.rows) if "test_acc" in x), None)
-                bar.set_postfix(test_acc=acc, s_per_round=round(row["round_time_s"], 3))
-        if bar is not None:
-            bar.close()
-        return self.finish()
-
-    def finish(self) -> dict[str, Any]:
-        """Write final_model.pt and summary.json from the global model and metrics.jsonl."""
-        summary = summarize(self.metrics.rows, self.cfg.targets, self.totals)
-        if self.diverged_at is not None:
-            summary["diverged_at_round"] = self.diverged_at
-        if self.fabric.global_rank == 0:
-            P.copy_(self.live, self.x)
-            P.copy_(self.live_buffers, self.buffers)
-            state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-            atomic_torch_save(state, self.out_dir / "final_model.pt")
-            atomic_write_text(self.out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-        self.fabric.barrier()
-        return summary
-
-
-def _to(obj: Any, device) -> Any:
-    if isinstance(obj, Tensor):
-        return obj.to(device)
-    if isinstance(obj, ClientResult):
-        return replace(obj, delta=_to(obj.delta, device), extras=_to(obj.extras, device),
-                       metrics=_to(obj.metrics, device))
-    if isinstance(obj, tuple):
-        return tuple(_to(v, device) for v in obj)
-    if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to(v, device) for v in obj]
-    return obj
-
-
-def _progress(cfg: LoopConfig, rank0: bool, start: int):
-    import sys
-
-    if not (cfg.progress and rank0 and sys.stderr.isatty()):
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=cfg.rounds, initial=start, desc="rounds", unit="round")

@@ -6,6 +6,7 @@ same directory and renamed over the target.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -19,6 +20,10 @@ import torch
 from fedlight.errors import ConfigError
 
 CHECKPOINT_FORMAT = 1
+
+FAULT_HOOKS: list = []
+"""Called before a fault-injection kill (a run record drains its background writes: the kill then falls exactly at
+the named point, with earlier checkpoints durable)."""
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -49,6 +54,9 @@ def fault(point: str, round: int) -> None:
     spec = os.environ.get("FEDLIGHT_FAULT")
     if spec and spec == f"{point}@{round}":
         import signal
+
+        for hook in list(FAULT_HOOKS):
+            hook()
 
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -96,6 +104,36 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
     return ckpt
 
 
+def meta_differences(there: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    """What makes a checkpoint's model and clients incompatible with this run (``key is A there and B here``)."""
+    return [f"{key} is {there.get(key)!r} there and {here[key]!r} here"
+            for key in ("algorithm", "model", "shapes", "num_clients", "seed") if there.get(key) != here[key]]
+
+
+def cpu_copy(obj: Any) -> Any:
+    """A private CPU copy of every tensor in ``obj`` (a checkpoint snapshot the next round cannot change)."""
+    return _map_tensors(obj, lambda t: t.detach().to("cpu", copy=True))
+
+
+def to_device(obj: Any, device) -> Any:
+    """``obj`` with every tensor moved to ``device`` (dicts, lists, tuples and dataclasses such as
+    :class:`~fedlight.rules.ClientResult`, recursively)."""
+    return _map_tensors(obj, lambda t: t.to(device))
+
+
+def _map_tensors(obj: Any, fn) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _map_tensors(getattr(obj, f.name), fn)
+                                           for f in dataclasses.fields(obj) if f.init})
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(v, fn) for v in obj)
+    return obj
+
+
 class MetricsLog:
     """``metrics.jsonl``: one JSON object per completed round, appended and fsync'ed."""
 
@@ -120,10 +158,15 @@ class MetricsLog:
 
     def append(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.path, json.dumps(row, allow_nan=False))
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line and fsync it."""
+    with open(path, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def rounds_to_target(rows: list[dict[str, Any]], target: float, key: str = "test_acc") -> int | None:

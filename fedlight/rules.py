@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from fedlight import params as P
 from fedlight.params import Params
+from fedlight.spec import remember_init_args
 
 
 @dataclass
@@ -263,6 +264,10 @@ class Algorithm:
     local: LocalUpdateRule
     server: ServerRule
     name: str = "custom"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        remember_init_args(cls)  # a Python-API run's config.yaml records the hyperparameters it was built with
 
     def __init__(self, local: LocalUpdateRule | None = None, server: ServerRule | None = None) -> None:
         self.local = local if local is not None else LocalUpdateRule()

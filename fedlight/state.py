@@ -114,8 +114,14 @@ class ClientStateStore:
         if self._temporary:
             self.spill_dir = Path(tempfile.mkdtemp(prefix="fedlight-state-")).resolve()
             weakref.finalize(self, shutil.rmtree, self.spill_dir, True)
-        elif self.spill_dir is not None:
-            self.spill_dir.mkdir(parents=True, exist_ok=True)
+
+    def use_folder(self, folder: str | os.PathLike) -> None:
+        """Let checkpoints reference per-client state files in ``folder`` instead of embedding every state (a run
+        directory's ``client_state/rank<r>``): a state is written once after it changes, never again while it does
+        not. Memory use is unchanged (without a budget every state also stays in memory). The folder is created on
+        the first write. No effect when the store already spills to a folder of its own choosing."""
+        if self.spill_dir is None:
+            self.spill_dir = Path(folder).resolve()
 
     # ------------------------------------------------------------------------------------------- get / put
     def get(self, client_id: int, device: torch.device | str) -> dict[str, Any]:
@@ -168,6 +174,7 @@ class ClientStateStore:
         offsets: list[tuple[int, torch.dtype, tuple]] = []
         _layout(spec, offsets)
         self._count += 1
+        self.spill_dir.mkdir(parents=True, exist_ok=True)
         path = self.spill_dir / f"c{client_id}-{self._token}-{self._count}.bin"
         tmp, crc, end = path.with_suffix(".tmp"), 0, 0
         with open(tmp, "wb") as f:
@@ -213,6 +220,8 @@ class ClientStateStore:
         for cid, (st, _) in self._mem.items():
             if cid not in self._disk:
                 self._write(cid, st)
+        for cid in [c for c, e in self._disk.items() if not e["owned"]]:  # resumed from another run's files
+            self._write(cid, self._read(cid, "cpu"))
         for path in [*self._unsynced, self.spill_dir] if self._unsynced else []:
             fd = os.open(path, os.O_RDONLY)  # the files, then the folder's entries for them
             os.fsync(fd)

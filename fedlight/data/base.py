@@ -21,6 +21,7 @@ from torch import Tensor
 from fedlight.data.augment import CropFlip
 from fedlight.data.partition import IID, Partitioner, partition_cached
 from fedlight.errors import ConfigError, DataNotFoundError
+from fedlight.spec import remember_init_args
 
 SUBSET_TRAIN_TAG = 0x5B71  # SeedSequence([seed, tag]) for the train subset
 SUBSET_TEST_TAG = 0x5B72  # ... and the test subset
@@ -107,6 +108,10 @@ class FederatedDataModule:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     augmentation: CropFlip | None = None
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        remember_init_args(cls)  # config.yaml of a Python-API run records the constructor arguments
 
     def __init__(
         self,
@@ -245,12 +250,16 @@ class FederatedDataModule:
     memory_format: torch.memory_format = torch.contiguous_format
     """Layout of 4-D input batches (the loop sets ``torch.channels_last`` for ``loop.channels_last``)."""
 
+    input_dtype: torch.dtype = torch.float32
+    """Floating dtype of model inputs; :func:`fedlight.fit` sets ``torch.float64`` under ``precision: 64-true`` so
+    float64 data keeps its precision."""
+
     def to_input(self, x: Tensor) -> Tensor:
-        """Float32 model input from stored samples: uint8 images are normalised, features only cast."""
+        """Model input (``input_dtype``) from stored samples: uint8 images are normalised, features only cast."""
         if self._scale is None:
-            x = x if x.dtype == torch.float32 else x.to(torch.float32)
+            x = x if x.dtype == self.input_dtype else x.to(self.input_dtype)
         else:
-            x = x.to(torch.float32) * self._scale + self._shift
+            x = x.to(self.input_dtype) * self._scale.to(self.input_dtype) + self._shift.to(self.input_dtype)
         if x.dim() == 4 and self.memory_format is not torch.contiguous_format:
             x = x.contiguous(memory_format=self.memory_format)
         return x
@@ -350,3 +359,6 @@ def _step_bounds(n: int, bs: int, num_steps: int) -> list[tuple[int, int]]:
         e, k = divmod(s, per_epoch)
         bounds.append((e * n + k * bs, e * n + min((k + 1) * bs, n)))
     return bounds
+
+
+remember_init_args(FederatedDataModule)

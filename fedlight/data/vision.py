@@ -34,11 +34,21 @@ from fedlight.errors import ConfigError
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """Read an IDX file (MNIST format, optionally gzipped) of unsigned bytes."""
-    with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
-        data = f.read()
+    """Read an IDX file (MNIST format, optionally gzipped) of unsigned bytes; a bad header or a truncated file is
+    a :class:`ConfigError` naming the file."""
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as e:
+        raise ConfigError(f"{path} cannot be read ({type(e).__name__}: {e}); delete it and download it again") from None
+    if len(data) < 4 or data[:3] != b"\x00\x00\x08" or not 1 <= data[3] <= 4 or len(data) < 4 + 4 * data[3]:
+        raise ConfigError(f"{path} is not an IDX file of unsigned bytes (bad header); delete it and download it again")
     ndim = data[3]
     dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    need = 4 + 4 * ndim + int(np.prod(dims))
+    if len(data) != need:
+        raise ConfigError(f"{path} is {'truncated' if len(data) < need else 'longer than its header says'} "
+                          f"({len(data)} bytes, header {dims} needs {need}); delete it and download it again")
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
@@ -135,6 +145,9 @@ class FashionMNIST(FederatedDataModule):
         if not all(p.is_file() for p in found):
             raise not_found(f"Fashion-MNIST ({', '.join(names)})", [raw], download=True)
         x, y = read_idx(found[0]), read_idx(found[1])
+        if x.ndim != 3 or x.shape[1:] != (28, 28) or y.ndim != 1 or len(x) != len(y):
+            raise ConfigError(f"Fashion-MNIST files disagree: {found[0]} holds images {list(x.shape)} and {found[1]} "
+                              f"labels {list(y.shape)} (expected [n, 28, 28] and [n]); delete them and download again")
         return torch.from_numpy(x.copy()).unsqueeze(1), torch.from_numpy(y.astype(np.int64))
 
 

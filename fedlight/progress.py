@@ -1,0 +1,115 @@
+"""What a run prints while it trains: a bar in a terminal, plain lines elsewhere, and warnings.
+
+In a terminal (stderr is a TTY) a tqdm bar shows the phase (``training`` / ``evaluating``) of the round under way.
+Otherwise (nohup, batch jobs, log files) one line per round is printed, or every ``every`` rounds on long runs, and
+whenever :data:`LINE_SECONDS` passed since the last line: round, test accuracy, train loss, s/round and ETA.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any
+
+LINE_SECONDS = 30.0
+"""Without a terminal, a line at least this often (in seconds) whatever the cadence."""
+
+LOSS_ALARM = 5.0
+"""Warn when a round's train loss exceeds this many times the first round's (or is not finite)."""
+
+
+def _fmt_time(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+class Progress:
+    """Progress display of one run on rank 0 (``enabled=False``: prints nothing)."""
+
+    def __init__(self, rounds: int, enabled: bool = True, stream=None) -> None:
+        self.rounds, self.enabled = rounds, enabled
+        self.stream = stream
+        self.bar = None
+        self.start_round = 0
+        self.every = max(1, math.ceil(rounds / 100))
+        self.times: list[float] = []
+        self.last_line = 0.0
+        self.acc: float | None = None
+
+    @property
+    def out(self):
+        return self.stream or sys.stderr
+
+    def start(self, start_round: int, rows: list[dict[str, Any]]) -> None:
+        self.start_round = start_round
+        self.acc = next((r["test_acc"] for r in reversed(rows) if r.get("test_acc") is not None), None)
+        self.last_line = time.monotonic()
+        if self.enabled and self.out.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.rounds, initial=start_round, desc="training", unit="round", file=self.out)
+
+    def phase(self, name: str, round: int) -> None:
+        if self.bar is not None:
+            self.bar.set_description(f"round {round + 1} {name}", refresh=True)
+
+    def update(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        r = int(row["round"])
+        self.times.append(float(row.get("round_time_s") or 0.0) + float(row.get("eval_time_s") or 0.0))
+        if row.get("test_acc") is not None:
+            self.acc = row["test_acc"]
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(test_acc=self.acc, s_per_round=round(self.times[-1], 3))
+            return
+        now = time.monotonic()
+        due = r == self.start_round + 1 or r == self.rounds or r % self.every == 0 or now - self.last_line >= \
+            LINE_SECONDS
+        if due:
+            self.last_line = now
+            print(self.line(row), file=self.out, flush=True)
+
+    def line(self, row: dict[str, Any]) -> str:
+        r = int(row["round"])
+        recent = self.times[-20:]
+        spr = sum(recent) / len(recent) if recent else 0.0
+        acc = "-" if self.acc is None else f"{100 * self.acc:.2f}%"
+        loss = row.get("train_loss")
+        loss = "-" if loss is None else f"{loss:.4g}"
+        return (f"round {r}/{self.rounds}  test_acc {acc}  train_loss {loss}  {spr:.3f} s/round  "
+                f"ETA {_fmt_time(spr * (self.rounds - r))}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class RoundWatch:
+    """Warns once when the train loss explodes relative to the first round's, naming the likely cause."""
+
+    def __init__(self, hint: str = "", stream=None) -> None:
+        self.hint, self.stream = hint, stream
+        self.first_loss: float | None = None
+        self.warned = False
+
+    def check(self, row: dict[str, Any]) -> str | None:
+        loss = row.get("train_loss")
+        if "train_loss" in (row.get("nonfinite") or []):
+            loss = math.inf
+        if loss is None or self.warned:
+            return None
+        if self.first_loss is None:
+            self.first_loss = loss
+            return None
+        if not (loss > LOSS_ALARM * max(self.first_loss, 1e-12)):
+            return None
+        self.warned = True
+        cause = self.hint or "the learning rate `loop.lr` is too large for this rule"
+        msg = (f"fedlight: warning: round {row['round']} train loss {loss:.4g} is more than {LOSS_ALARM:g}× the "
+               f"first round's ({self.first_loss:.4g}); training is diverging. Likely cause: {cause}")
+        print(msg, file=self.stream or sys.stderr, flush=True)
+        return msg

@@ -1,0 +1,245 @@
+"""RunRecord: the one object that writes a run directory, so the round code never touches files.
+
+It owns ``config.yaml``, ``metrics.jsonl``, TensorBoard (``tb/``), ``checkpoints/last.ckpt``, ``final_model.pt``,
+``summary.json``, the run lock and what a run prints (progress lines or bar, warnings). Only global rank 0 writes;
+on other ranks every method is a no-op.
+
+Checkpoints leave the critical path. The loop hands :meth:`RunRecord.round_done` a snapshot (CPU copies made on the
+main thread) and goes on with the next round while one background thread writes it: temporary file, fsync, rename
+(atomic). One thread, first in first out, and at most one checkpoint in flight (a new one waits for the previous).
+**Ordering**: a round's ``metrics.jsonl`` line is appended by that same thread, after the checkpoint of its round
+(if any) is renamed, and after every earlier line. So the file never runs ahead of what a resume can rebuild: a
+kill loses no round whose checkpoint was renamed (the checkpoint carries its round's row, re-appended on resume when
+the kill fell between rename and append), and rounds after the last renamed checkpoint are recomputed, bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from fedlight import records
+from fedlight.errors import ConfigError
+from fedlight.progress import Progress, RoundWatch
+from fedlight.rundir import RunLock
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "tb", "final_model.pt", "client_state")
+
+
+def strict_row(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with every non-finite float (also inside lists, e.g. ``clients``) replaced by ``null``; the keys
+    holding one are listed under ``"nonfinite"``."""
+    bad = [k for k, v in row.items() if _strict(v) != v or (isinstance(v, float) and not math.isfinite(v))]
+    if not bad:
+        return row
+    return {**{k: (_strict(v) if k in bad else v) for k, v in row.items()}, "nonfinite": bad}
+
+
+def dumps(row: dict[str, Any]) -> str:
+    return json.dumps(strict_row(row), allow_nan=False)
+
+
+class CheckpointWriter:
+    """One background thread that runs file jobs in order; :meth:`wait` re-raises a failed job's error."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="fedlight-record")
+        self._jobs: list[Future] = []
+
+    def submit(self, job, exclusive: bool = False) -> None:
+        if exclusive:  # at most one checkpoint in flight
+            self.wait()
+        self._jobs.append(self._pool.submit(job))
+
+    def wait(self) -> None:
+        if threading.current_thread().name.startswith("fedlight-record"):
+            return  # a fault hook fired inside a job
+        jobs, self._jobs = self._jobs, []
+        for j in jobs:
+            j.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+
+
+class RunRecord:
+    """Writes one run directory.
+
+    Args:
+        out_dir: the run directory.
+        rank0: whether this process writes (global rank 0).
+        rounds: the run's total rounds (for the progress display).
+        progress: show a bar (terminal) or per-round lines (otherwise); ``False``: neither.
+        hint: the likely cause named by the exploding-loss warning.
+    """
+
+    def __init__(self, out_dir: str | Path, rank0: bool = True, rounds: int = 0, progress: bool = True,
+                 hint: str = "") -> None:
+        self.out = Path(out_dir)
+        self.rank0 = rank0
+        self.rows: list[dict[str, Any]] = []
+        self.lock = RunLock(self.out)
+        self.writer = CheckpointWriter() if rank0 else None
+        self.logger = None
+        self.progress = Progress(rounds, enabled=progress and rank0)
+        self.watch = RoundWatch(hint)
+        self.extra: dict[str, Any] = {}  # stored in every checkpoint (e.g. the run's settings and segments)
+        self.segments: list[dict[str, Any]] = []  # execution-only settings of each stretch of the run
+        self.hparams: dict[str, Any] | None = None  # for TensorBoard's hparams table
+        if self.writer is not None:
+            records.FAULT_HOOKS.append(self.writer.wait)
+
+    # ------------------------------------------------------------------------------------------ start
+    def acquire(self) -> None:
+        if self.rank0:
+            self.lock.acquire()
+
+    def open(self, config_text: str | None, data: Any = None, overwrite: bool = False, fresh: bool = True,
+             tensorboard: bool = True) -> None:
+        """First writes of the run (after every check): clear on ``overwrite``, ``config.yaml`` (a fresh run only),
+        TensorBoard config and partition."""
+        if not self.rank0:
+            return
+        try:
+            if overwrite:
+                clear(self.out)
+            (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
+            for tmp in (self.out / "checkpoints").glob(".*.tmp"):  # torn writes of a killed run
+                tmp.unlink()
+            if config_text is not None and (fresh or not (self.out / "config.yaml").exists()):
+                records.atomic_write_text(self.out / "config.yaml", config_text)
+        except OSError as e:
+            raise ConfigError(f"`out_dir` {self.out} cannot be written: {e.strerror or e}; choose another "
+                              "`--out_dir`") from None
+        if tensorboard:
+            from fedlight.logger import RunLogger
+
+            self.logger = RunLogger(self.out)
+            self.logger.log_config(config_text or "")
+            if data is not None:
+                self.logger.log_partition(data)
+
+    def begin(self, start_round: int, last_row: dict[str, Any] | None) -> None:
+        """Align ``metrics.jsonl`` with the checkpoint the run starts from; start the progress display."""
+        if self.rank0:
+            log = records.MetricsLog(self.out / "metrics.jsonl")
+            log.truncate_to(start_round)
+            self.rows = log.rows
+            done = self.rows[-1]["round"] if self.rows else 0
+            if last_row is not None and done < start_round:  # killed between checkpoint and metrics append
+                self._append(last_row)
+            if start_round:
+                print(f"fedlight: resumed from round {start_round} ({self.out})", file=sys.stderr, flush=True)
+        self.watch.first_loss = next((r["train_loss"] for r in self.rows if r.get("train_loss") is not None), None)
+        self.progress.start(start_round, self.rows)
+
+    def phase(self, name: str, round: int) -> None:
+        self.progress.phase(name, round)
+
+    # ------------------------------------------------------------------------------------------ per round
+    def round_done(self, row: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> None:
+        """Record a finished round: its checkpoint (a CPU snapshot, or ``None``) then its metrics row, in the
+        background and in order (see the module docstring)."""
+        if not self.rank0:
+            return
+        row = strict_row(row)
+        self.rows.append(row)
+        if checkpoint is not None:
+            checkpoint = {**checkpoint, **self.extra, "segments": json.dumps(self.segments), "last_row": dumps(row)}
+            rounds_done = int(checkpoint["round"])
+            self.writer.submit(lambda: self._write_checkpoint(checkpoint, rounds_done, row), exclusive=True)
+        else:
+            self.writer.submit(lambda: self._append(row, keep=False))
+        if self.logger is not None:
+            self.logger.log_round(row, step=int(row["round"]))
+        self.watch.check(row)
+        self.progress.update(row)
+
+    def _write_checkpoint(self, state: dict[str, Any], rounds_done: int, row: dict[str, Any]) -> None:
+        path = self.out / "checkpoints" / "last.ckpt"
+        with _disk_errors(path):
+            records.atomic_torch_save(state, path, before_replace=lambda: records.fault("ckpt", rounds_done))
+        records.fault("metrics", rounds_done)
+        self._append(row, keep=False)
+
+    def _append(self, row: dict[str, Any], keep: bool = True) -> None:
+        if keep:
+            self.rows.append(row)
+        with _disk_errors(self.out / "metrics.jsonl"):
+            records.append_line(self.out / "metrics.jsonl", dumps(row))
+
+    def flush(self) -> None:
+        """Wait until every checkpoint and metrics line handed over so far is on disk."""
+        if self.writer is not None:
+            self.writer.wait()
+
+    # ------------------------------------------------------------------------------------------ end
+    def summary_extra(self) -> dict[str, Any]:
+        return {"segments": self.segments} if self.segments else {}
+
+    def finish(self, summary: dict[str, Any], final_state: dict[str, Any] | None) -> None:
+        """Wait for the writes in flight, then ``final_model.pt`` and ``summary.json`` (strict JSON)."""
+        self.progress.close()
+        if not self.rank0:
+            return
+        self.flush()
+        if final_state is not None:
+            records.atomic_torch_save(final_state, self.out / "final_model.pt")
+        records.atomic_write_text(self.out / "summary.json", json.dumps(_strict(summary), indent=2) + "\n")
+        if self.logger is not None and self.hparams is not None:
+            self.logger.log_summary(self.hparams, _strict(summary))
+
+    def close(self, refused: bool = False) -> None:
+        """Release everything; safe to call twice and after a failure."""
+        self.progress.close()
+        if self.writer is not None:
+            if self.writer.wait in records.FAULT_HOOKS:
+                records.FAULT_HOOKS.remove(self.writer.wait)
+            try:
+                self.writer.close()
+            finally:
+                self.writer = None
+                if self.logger is not None:
+                    self.logger.close()
+                    self.logger = None
+                self.lock.release(refused=refused)
+
+
+@contextlib.contextmanager
+def _disk_errors(path: Path):
+    """A failed write (disk full, folder removed, read-only remount) is one message, not a traceback."""
+    try:
+        yield
+    except OSError as e:
+        raise ConfigError(f"cannot write {path}: {e.strerror or e}. Free space or fix the folder, then continue with "
+                          "`--resume auto` (rounds up to the last checkpoint are kept)") from None
+
+
+def _strict(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _strict(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_strict(v) for v in obj]
+    return obj
+
+
+def clear(out: Path) -> None:
+    """Remove a previous run's files from ``out`` (``--overwrite true``)."""
+    for f in RUN_FILES:
+        p = out / f
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()

@@ -1,0 +1,164 @@
+"""The run directory before the first byte: where it is, who holds it, and whether a resume may continue it.
+
+Everything here only reads, except :class:`RunLock`, whose lock file is removed again when the run ends (or is
+refused), so a refused run leaves the directory byte-identical.
+
+Settings split in two:
+
+* **defining** settings change what is computed: seed, model, data (dataset, partition, batch size, ...),
+  algorithm and its hyperparameters, precision, and every ``loop`` field not listed below. Resuming refuses a
+  checkpoint whose defining settings differ, listing the differences; the default run directory name carries a
+  short hash of them, so runs that differ never share a directory.
+* **execution-only** settings (:data:`EXECUTION_ONLY`) change how or where the same numbers are computed, or what is
+  reported about them. They may change between the segments of a resumed run; each segment is recorded.
+  ``loop.rounds`` may grow (a run is extended) except under the cosine schedule, whose learning rates depend on it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fedlight.errors import ConfigError
+
+EXECUTION_ONLY = ("out_dir", "resume", "overwrite", "accelerator", "devices", "num_nodes", "loop.client_parallelism",
+                  "loop.vmap_chunk", "loop.compile", "loop.channels_last", "loop.progress", "loop.save_every",
+                  "loop.eval_every", "loop.targets", "loop.state_device", "loop.state_budget_mb", "loop.rounds",
+                  "data.init_args.root")
+"""Keys (dotted) that may differ between the segments of one run."""
+
+LOCK_NAME = ".fedlight.lock"
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"loop": {"lr": 0.1}}`` → ``{"loop.lr": 0.1}`` (lists and scalars are leaves)."""
+    if not isinstance(d, dict) or (prefix and not d):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(defining, execution-only) flat settings of a resolved config."""
+    flat = flatten(settings)
+    execution = {k: v for k, v in flat.items() if _execution_only(k, flat)}
+    return {k: v for k, v in flat.items() if k not in execution}, execution
+
+
+def _execution_only(key: str, flat: dict[str, Any]) -> bool:
+    if key == "loop.rounds" and flat.get("loop.lr_schedule.kind") == "cosine":
+        return False
+    return any(key == e or key.startswith(e + ".") for e in EXECUTION_ONLY)
+
+
+def settings_hash(defining: dict[str, Any]) -> str:
+    """A short stable hash of the defining settings (names a default run directory)."""
+    text = json.dumps(defining, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def differences(there: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    """``key is A there and B here`` for every defining setting that differs."""
+    out = []
+    for k in sorted(there.keys() | here.keys()):
+        a, b = there.get(k, "<unset>"), here.get(k, "<unset>")
+        if json.dumps(a, default=str) != json.dumps(b, default=str):
+            out.append(f"{k} is {a!r} there and {b!r} here")
+    return out
+
+
+def check_out_dir(out: Path) -> None:
+    """``out`` must be a directory (or creatable) on a writable file system; raises :class:`ConfigError`."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"`out_dir` {out} exists and is not a directory; choose another `--out_dir`")
+    probe = out
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ConfigError(f"`out_dir` {out} cannot be created: {probe} is a file; choose another `--out_dir`")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"`out_dir` {out} is not writable ({probe} is read-only or not yours); choose another "
+                          "`--out_dir`")
+
+
+class RunLock:
+    """An exclusive lock on a run directory for the life of a run (``flock`` on ``<out>/.fedlight.lock``).
+
+    The kernel drops the lock when its holder dies, so a lock file left by a killed run is taken over; the file
+    names the holder (pid, host, start time) for the message a second run gets. Only global rank 0 takes it.
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.path = Path(out) / LOCK_NAME
+        self.fd: int | None = None
+        self.created_dir = False
+
+    def acquire(self) -> None:
+        try:
+            self.created_dir = not self.path.parent.exists()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            while True:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as e:
+                    os.close(fd)
+                    if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):  # a file system without locks
+                        print(f"fedlight: warning: {self.path.parent} cannot be locked ({e.strerror}); make sure no "
+                              "other run uses it", file=sys.stderr)
+                        self.path.unlink(missing_ok=True)
+                        return
+                    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        raise
+                    raise ConfigError(f"`out_dir` {self.path.parent} is in use by another run ({self._holder()}); "
+                                      "wait for it to finish or choose another `--out_dir`") from None
+                if _same_file(fd, self.path):  # else the holder removed it between our open and flock: retry
+                    break
+                os.close(fd)
+        except OSError as e:
+            raise ConfigError(f"`out_dir` {self.path.parent} cannot be used: {e.strerror or e}; choose another "
+                              "`--out_dir`") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
+        self.fd = fd
+
+    def _holder(self) -> str:
+        try:
+            h = json.loads(self.path.read_text() or "{}")
+            return f"pid {h['pid']} on {h['host']} since {h['since']}"
+        except (OSError, ValueError, KeyError):
+            return "holder unknown"
+
+    def release(self, refused: bool = False) -> None:
+        """Unlock; the lock file is removed (and the directory, if this run created it and it stayed empty)."""
+        if self.fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self.fd)
+        self.fd = None
+        if refused and self.created_dir:
+            try:
+                self.path.parent.rmdir()
+            except OSError:
+                pass
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)

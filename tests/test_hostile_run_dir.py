@@ -1,0 +1,167 @@
+"""Run-directory integrity against a careless or hostile user (issue 13 items 1-4, 6, 7).
+
+A refused run leaves its directory byte-identical (tree hash); one directory is held by one run at a time.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedlight.rundir import RunLock
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(Path(__file__).parent / "configs" / "tiny.yaml")
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def _cli(*args, cwd=None):
+    cmd = [sys.executable, "-m", "fedlight", "fit", "--config", TINY, *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=cwd)
+
+
+def tree_hash(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (hidden ones too) → sha256 of its bytes."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _refused(res, *needles):
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    for n in needles:
+        assert n in res.stderr, res.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def done_run(tmp_path_factory):
+    """A finished 2-round run of tiny.yaml."""
+    out = tmp_path_factory.mktemp("done") / "run"
+    res = _cli("--out_dir", out, "--loop.rounds", 2)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--loop.lr", "0.5"], ["loop.lr is 0.05 there and 0.5 here"]),
+    (["--loop.local_steps", "3", "--data.init_args.batch_size", "5"],
+     ["loop.local_steps is 5 there and 3 here", "data.init_args.batch_size is 10 there and 5 here"]),
+    (["--algorithm", "fedavg"], ["algorithm is 'scaffold' there and 'fedavg' here"]),
+    (["--data.init_args.alpha", "0.5", "--precision", "64-true"],
+     ["data.init_args.alpha is 1.0 there and 0.5 here", "precision is '32-true' there and '64-true' here"]),
+])
+def test_resume_refuses_changed_settings_and_writes_nothing(done_run, args, needles):
+    before = tree_hash(done_run)
+    res = _cli("--out_dir", done_run, "--loop.rounds", 2, "--resume", "auto", *args)
+    _refused(res, "does not match this run", *needles)
+    assert tree_hash(done_run) == before
+
+
+def test_truncated_checkpoint_refused_without_a_write(tmp_path, done_run):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(done_run, out)
+    ckpt = out / "checkpoints" / "last.ckpt"
+    ckpt.write_bytes(ckpt.read_bytes()[:100])
+    before = tree_hash(out)
+    _refused(_cli("--out_dir", out, "--resume", "auto"), "corrupt")
+    assert tree_hash(out) == before
+
+
+def test_execution_only_changes_resume_and_are_recorded_per_segment(tmp_path, done_run):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(done_run, out)
+    res = _cli("--out_dir", out, "--resume", "auto", "--loop.rounds", 3, "--loop.save_every", 2,
+               "--loop.client_parallelism", "vmap", "--loop.progress", "true")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resumed from round 2" in res.stderr
+    segments = json.loads((out / "summary.json").read_text())["segments"]
+    assert [s["from_round"] for s in segments] == [0, 2]
+    assert set(segments[1]["changed"]) == {"loop.rounds", "loop.save_every", "loop.client_parallelism",
+                                           "loop.progress", "out_dir"}
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3]
+
+
+def test_held_directory_refuses_a_second_run_naming_the_holder(tmp_path):
+    out = tmp_path / "run"
+    lock = RunLock(out)
+    lock.acquire()
+    before = tree_hash(out)
+    try:
+        res = _cli("--out_dir", out)
+        _refused(res, "is in use by another run", f"pid {os.getpid()}")
+        assert tree_hash(out) == before
+    finally:
+        lock.release()
+    assert not (out / ".fedlight.lock").exists()
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".fedlight.lock").write_text(json.dumps({"pid": 999999, "host": "gone", "since": "then"}))
+    res = _cli("--out_dir", out)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert not (out / ".fedlight.lock").exists()
+
+
+def test_two_concurrent_runs_on_one_directory_exactly_one_proceeds(tmp_path):
+    out = tmp_path / "run"
+    cmds = [[sys.executable, "-m", "fedlight", "fit", "--config", TINY, "--out_dir", str(out), "--seed", str(s),
+             "--loop.rounds", "6", "--resume", "auto"] for s in (1, 2)]
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV) for c in cmds]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    codes = sorted(rc for rc, _ in results)
+    assert codes == [0, 2], results
+    loser = next(err for rc, err in results if rc == 2)
+    assert "Traceback" not in loser and ("in use by another run" in loser or "seed is" in loser), loser
+    rows = [json.loads(x)["round"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [1, 2, 3, 4, 5, 6]
+
+
+def test_default_directories_differ_when_settings_differ(tmp_path):
+    runs = []
+    for extra in ([], ["--algorithm", "fedavg"], ["--loop.progress", "true"]):
+        res = _cli("--loop.rounds", 1, "--resume", "auto", *extra, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr[-3000:]
+        line = next(x for x in res.stderr.splitlines() if x.startswith("fedlight: run directory"))
+        runs.append(line.split("run directory ", 1)[1].strip())
+    assert runs[0] != runs[1]  # another algorithm: another directory
+    assert runs[0] == runs[2]  # an execution-only setting: the same run
+    assert all((tmp_path / r / "summary.json").is_file() for r in runs)
+
+
+@pytest.mark.parametrize("where,needle", [
+    ("file", "is not a directory"),
+    ("under_file", "is a file"),
+    ("proc", "cannot be"),
+])
+def test_unusable_out_dir_is_one_message(tmp_path, where, needle):
+    (tmp_path / "f").write_text("x")
+    out = {"file": tmp_path / "f", "under_file": tmp_path / "f" / "run", "proc": Path("/proc/fedlight-test/run")}[where]
+    _refused(_cli("--out_dir", out, "--loop.rounds", 1), needle, "`out_dir`")
+    assert (tmp_path / "f").read_text() == "x"
+
+
+def test_absurd_learning_rate_is_refused_before_training(tmp_path):
+    out = tmp_path / "run"
+    _refused(_cli("--out_dir", out, "--loop.lr", "1e300"), "`loop.lr`")
+    assert not out.exists()
+
+
+def test_no_recipe_hard_codes_its_run_directory():
+    import yaml
+
+    recipes = sorted((ROOT / "recipes").rglob("*.yaml"))
+    assert recipes
+    for path in recipes:
+        cfg = yaml.safe_load(path.read_text()) or {}
+        assert "out_dir" not in cfg, f"{path}: a fixed out_dir makes runs of other settings collide"

@@ -1,0 +1,261 @@
+"""The run record: what a run writes and prints (issue 11 RunRecord + seeding, issue 12 background checkpoints,
+issue 13 item 7, issue 15 items 4-5 and the exploding-loss warning)."""
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from fedtest import image_clients, tiny_cnn
+
+import fedlight
+from fedlight import records
+from fedlight.args import LoopConfig
+from fedlight.data import Synthetic, TensorClients
+from fedlight.progress import Progress
+from fedlight.record import RunRecord
+from fedlight.sampling import sample_clients
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(Path(__file__).parent / "configs" / "tiny.yaml")
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+MLP_SPEC = {"class_path": "fedlight.models.MLP", "init_args": {"in_features": 60, "hidden": [16], "num_classes": 10}}
+
+
+def _rows(out):
+    return [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def _strict_json(line):
+    def refuse(c):
+        raise ValueError(f"non-strict JSON constant {c}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def _cli(*args):
+    cmd = [sys.executable, "-m", "fedlight", "fit", "--config", TINY, *map(str, args)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+# ---------------------------------------------------------------------------------------- seeding (issue 11 item 5)
+def test_python_api_and_cli_build_the_same_model_and_record_it(tmp_path):
+    _cli("--out_dir", tmp_path / "cli", "--loop.rounds", 2)
+    from fedlight.algorithms import SCAFFOLD
+
+    torch.manual_seed(1234)  # whatever the caller's global RNG holds, fit seeds before building the model
+    fedlight.fit(MLP_SPEC, Synthetic(alpha=1.0, beta=1.0, num_clients=6, batch_size=10, max_samples=200), SCAFFOLD(),
+                 LoopConfig(rounds=2, clients_per_round=4, local_steps=5, lr=0.05, progress=False),
+                 out_dir=str(tmp_path / "py"), accelerator="cpu")
+    a = torch.load(tmp_path / "cli" / "final_model.pt", weights_only=True)
+    b = torch.load(tmp_path / "py" / "final_model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    import yaml
+
+    cfg = yaml.safe_load((tmp_path / "py" / "config.yaml").read_text())
+    assert cfg["model"] == MLP_SPEC
+    assert cfg["data"]["init_args"]["max_samples"] == 200  # data modules remember their constructor arguments
+    from fedlight.lab.landscape import load_run
+
+    run = load_run(tmp_path / "py", device="cpu")  # landscape / sharpness rebuild the Python-API run
+    assert all(torch.equal(run.model.state_dict()[k], b[k]) for k in b)
+
+
+# ---------------------------------------------------------------------------------------- metrics (issue 15 item 5)
+def test_rows_carry_sampled_clients_and_tensorboard_histograms(tmp_path):
+    out = tmp_path / "run"
+    data = TensorClients(image_clients(), batch_size=4)
+    fedlight.fit(tiny_cnn(), data, fedlight.create("fedavg"),
+                 LoopConfig(rounds=2, clients_per_round=3, local_steps=2, progress=False), out_dir=str(out))
+    for r, row in enumerate(_rows(out)):
+        assert row["sampled"] == sample_clients(4, 3, 0, r)
+        assert [c["id"] for c in row["clients"]] == row["sampled"]
+        for c in row["clients"]:
+            assert c["num_samples"] == data.num_samples(c["id"]) and c["delta_norm"] > 0 and c["train_loss"] > 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(out / "tb"), size_guidance={"histograms": 0})
+    ea.Reload()
+    assert {"clients/train_loss", "clients/delta_norm", "clients/num_samples"} <= set(ea.Tags()["histograms"])
+    assert [h.step for h in ea.Histograms("clients/delta_norm")] == [1, 2]
+
+
+# ---------------------------------------------------------------------------------------- strict JSON (issue 13 item 7)
+def test_nan_test_loss_is_null_with_a_flag(tmp_path):
+    clients = image_clients()
+    test = (torch.full_like(clients[0][0], float("nan")), clients[0][1])
+    out = tmp_path / "run"
+    s = fedlight.fit(tiny_cnn(), TensorClients(clients, test=test, batch_size=4), fedlight.create("fedavg"),
+                     LoopConfig(rounds=2, clients_per_round=3, local_steps=2, progress=False), out_dir=str(out))
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    rows = [_strict_json(x) for x in lines]
+    assert all(r["test_loss"] is None and "test_loss" in r["nonfinite"] for r in rows)
+    assert _strict_json((out / "summary.json").read_text())["final_test_loss"] is None
+    assert s["final_test_loss"] is None
+
+
+# ---------------------------------------------------------------------------------------- progress (issue 15 item 4)
+def test_progress_lines_without_a_terminal(tmp_path):
+    res = _cli("--out_dir", tmp_path / "run", "--loop.rounds", 3, "--loop.progress", "true")
+    lines = [x for x in res.stderr.splitlines() if x.startswith("round ")]
+    assert [x.split()[1] for x in lines] == ["1/3", "2/3", "3/3"]
+    assert all("test_acc" in x and "train_loss" in x and "s/round" in x and "ETA" in x for x in lines)
+
+
+class _TTY(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_terminal_bar_shows_the_phase():
+    p = Progress(5, stream=_TTY())
+    p.start(0, [])
+    p.phase("evaluating", 0)
+    assert "evaluating" in p.bar.desc
+    p.update({"round": 1, "round_time_s": 0.1, "test_acc": 0.5})
+    p.phase("training", 1)
+    assert "round 2 training" in p.bar.desc
+    p.close()
+
+
+def test_exploding_train_loss_warns_once_with_the_likely_cause(tmp_path, capsys):
+    from fedlight.algorithms import FedAdamW
+    from fedlight.api import _lr_hint
+
+    hint = _lr_hint(FedAdamW(), LoopConfig(lr=0.1))
+    assert "`loop.lr` = 0.1" in hint and "FedAdamW" in hint
+    rec = RunRecord(tmp_path, rounds=4, progress=False, hint=hint)
+    rec.begin(0, None)
+    for r, loss in enumerate([2.3, 2.0, 93.9, math.nan], start=1):
+        rec.round_done({"round": r, "train_loss": loss})
+    rec.close()
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and "round 3 train loss 93.9" in err and "`loop.lr` = 0.1" in err
+
+
+# ---------------------------------------------------------------------------------------- background checkpoints
+def test_next_round_runs_while_the_checkpoint_is_written(tmp_path, monkeypatch):
+    """Checkpoint r's write waits until round r+1 has started: it completes only if the loop did not wait for it.
+    Also: at most one write in flight, and round r's metrics line lands only after checkpoint r is renamed."""
+    from fedlight.loop import FederatedLoop
+
+    started = {r: threading.Event() for r in range(1, 5)}
+    run_round = FederatedLoop.run_round
+
+    def spy_round(self, r):
+        started[r + 1].set()
+        return run_round(self, r)
+
+    out, seen, in_flight = tmp_path / "run", [], []
+    save = records.atomic_torch_save
+
+    def done_rounds():
+        return [row["round"] for row in _rows(out)] if (out / "metrics.jsonl").exists() else []
+
+    def slow_save(obj, path, before_replace=None):
+        if path.name != "last.ckpt":
+            return save(obj, path, before_replace)
+        in_flight.append(1)
+        r = obj["round"]
+        seen.append((r, len(in_flight), started[r + 1].wait(60) if r < 3 else True))
+        assert r not in done_rounds()  # the row follows its checkpoint
+        save(obj, path, before_replace)
+        in_flight.pop()
+
+    monkeypatch.setattr(FederatedLoop, "run_round", spy_round)
+    monkeypatch.setattr(records, "atomic_torch_save", slow_save)
+    fedlight.fit(tiny_cnn(), TensorClients(image_clients(), batch_size=4), fedlight.create("scaffold"),
+                 LoopConfig(rounds=3, clients_per_round=3, local_steps=2, progress=False), out_dir=str(out))
+    assert seen == [(1, 1, True), (2, 1, True), (3, 1, True)]
+    assert [r["round"] for r in _rows(out)] == [1, 2, 3]
+    assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["round"] == 3
+
+
+def test_snapshot_is_a_private_copy(tmp_path):
+    """The background write reads a snapshot: changing the model afterwards does not change what is written."""
+    from fedtest import linear_model, make_loop, problem
+
+    clients, theta = problem()
+    loop = make_loop(fedlight.create("fedavg"), clients, linear_model(theta), out_dir=tmp_path)
+    loop.run_round(0)
+    snap = loop.checkpoint_state(1)
+    before = {k: v.clone() for k, v in snap["params"].items()}
+    for v in loop.x.values():
+        v.add_(1.0)
+    assert all(torch.equal(snap["params"][k], before[k]) for k in before)
+
+
+def test_unchanged_client_state_is_never_rewritten(tmp_path, monkeypatch):
+    """Each checkpoint writes the states of the round's reporting clients only; the others stay referenced."""
+    from fedlight.state import ClientStateStore
+
+    writes = []
+    write = ClientStateStore._write
+
+    def spy(self, client_id, state):
+        writes.append(client_id)
+        return write(self, client_id, state)
+
+    monkeypatch.setattr(ClientStateStore, "_write", spy)
+    out = tmp_path / "run"
+    fedlight.fit(tiny_cnn(), TensorClients(image_clients(), batch_size=4), fedlight.create("scaffold"),
+                 LoopConfig(rounds=4, clients_per_round=2, local_steps=2, progress=False), out_dir=str(out))
+    reported = [c["id"] for row in _rows(out) for c in row["clients"]]
+    assert sorted(writes) == sorted(reported) and len(writes) == 4 * 2
+    ckpt = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["store"]["states"] == {} and set(ckpt["store"]["spilled"]) == set(reported)
+
+
+def test_python_api_records_algorithm_hyperparameters_and_resume_compares_them(tmp_path):
+    import yaml
+
+    from fedlight.algorithms import FedNSAM
+    from fedlight.errors import ConfigError
+
+    def run(rho, **kw):
+        return fedlight.fit(tiny_cnn(), TensorClients(image_clients(), batch_size=4), FedNSAM(rho=rho),
+                            LoopConfig(rounds=2, clients_per_round=2, local_steps=1, progress=False),
+                            out_dir=str(tmp_path / "run"), **kw)
+
+    run(0.2)
+    cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert cfg["algorithm"]["init_args"] == {"rho": 0.2}
+    with pytest.raises(ConfigError, match="algorithm.init_args.rho is 0.2 there and 0.1 here"):
+        run(0.1, resume="auto")
+
+
+def test_a_failed_background_write_is_one_message(tmp_path, monkeypatch):
+    import errno
+
+    from fedlight.errors import ConfigError
+
+    def full(obj, path, before_replace=None):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(records, "atomic_torch_save", full)
+    with pytest.raises(ConfigError, match="cannot write .*last.ckpt: No space left on device"):
+        fedlight.fit(tiny_cnn(), TensorClients(image_clients(), batch_size=4), fedlight.create("fedavg"),
+                     LoopConfig(rounds=2, clients_per_round=2, local_steps=1, progress=False),
+                     out_dir=str(tmp_path / "run"))
+    assert not (tmp_path / "run" / ".fedlight.lock").exists()  # the lock is released
+
+
+def test_an_unregistered_algorithm_subclass_records_its_arguments():
+    """``Algorithm.__init_subclass__`` wraps every subclass, registered or not (a user's own rule in a script)."""
+    from fedlight.rules import Algorithm, ServerRule
+    from fedlight.spec import describe
+
+    class Mine(Algorithm):
+        def __init__(self, server_lr: float = 1.0, note: str = "x") -> None:
+            super().__init__(server=ServerRule(server_lr))
+
+    spec = describe(Mine(server_lr=0.5))
+    assert spec["init_args"] == {"server_lr": 0.5}
