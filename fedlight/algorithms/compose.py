@@ -13,7 +13,8 @@ FedNSAM-S are a momentum server wrapped in the SCAFFOLD server.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -52,7 +53,7 @@ class Perturbation:
     uses_backprop: bool = False
     needs_true_grad_norm: bool = True
     """Whether ``e`` depends on a gradient norm (then fp16 loss scaling would corrupt it and ``16-mixed`` is
-    refused). Perturbations built from parameter differences (LESAM, NSAM, WMSAM) set it False."""
+    refused). Perturbations built from parameter differences (LESAM, NSAM) set it False; WMSAM keeps it True."""
 
     def start(self, model: nn.Module, ctx: LocalContext) -> None:
         """Per-client set-up at the start of the round."""
@@ -137,6 +138,8 @@ class ServerWrapper(ServerRule):
         super().__init__(inner.lr)
         self.inner = inner
         self.summed_extras = frozenset(self.summed_extras | inner.summed_extras)
+        if self.weighting is None:
+            self.weighting = inner.weighting  # a plain mean written by the inner rule's paper holds for the whole rule
 
     def setup(self, params: Params) -> None:
         self.inner.setup(params)
@@ -169,3 +172,38 @@ def state_params(ctx: LocalContext, key: str) -> Params:
 def values(p: Params, like: Params) -> list[Tensor]:
     """``p``'s tensors in the key order of ``like``."""
     return [p[k] for k in like]
+
+
+class InRoundLR(LocalUpdateRule):
+    """Runs ``inner`` with a learning rate that changes over the local steps of a round.
+
+    Before local step ``k`` (0-based) the optimizer's lr is set to ``schedule(η_r, k, K)``; ``ctx.lr_sum`` then
+    accumulates ``Σ_k η_k`` for rules that divide by it. The round's ``η_r`` (``ctx.lr``) is left as it is.
+
+    Args:
+        inner: the client rule whose steps are rescheduled.
+        schedule: ``(η_r, k, K) -> η_k``.
+    """
+
+    def __init__(self, inner: LocalUpdateRule, schedule: Callable[[float, int, int], float]) -> None:
+        self.inner, self.schedule = inner, schedule
+        self.needs_true_grad_norm = inner.needs_true_grad_norm
+        self.stacked_unsupported = inner.stacked_unsupported
+
+    def make_optimizer(self, params, lr, default):
+        return self.inner.make_optimizer(params, lr, default)
+
+    def start(self, model, ctx):
+        self.inner.start(model, ctx)
+
+    def step(self, model, batch, ctx):
+        ctx.set_lr(self.schedule(ctx.lr, ctx.step_index, ctx.num_steps))  # η_k
+        return self.inner.step(model, batch, ctx)
+
+    def finish(self, model, ctx):
+        return self.inner.finish(model, ctx)
+
+
+def in_round_cosine(lr: float, k: int, K: int) -> float:
+    """``η_k = ½·η_r·(1 + cos(π·k/K))``, k = 0..K−1: from η_r down towards 0 over the round's local steps."""
+    return 0.5 * lr * (1.0 + math.cos(math.pi * k / K))

@@ -3,55 +3,32 @@ Convergence and Generalization Guarantees for Federated Large Models"), Algorith
 
 State (server): global step counter ``t`` (steps taken before this round, ``r·K``), global direction
 ``Δ_G`` (zeros) and block means ``v̄`` (zeros, B scalars).
-  broadcast   x_r, Δ_G, v̄ (B scalars) and t (one scalar)
+  broadcast   x_r, Δ_G, v̄ (B scalars) and t (one scalar)                                    (line 21)
   client      AdamW with m_0 = 0, v_0 = v̄ expanded to each block's elements; local step k = 1..K, global
-              step t = r·K + k (the same for every client of the round):
+              step t = r·K + k (the same for every client of the round):                      (lines 4–6)
                 g ← clip(g)                                              (loop's max_grad_norm, before moments)
-                m ← β1·m + (1 − β1)·g;  v ← β2·v + (1 − β2)·g²           (Alg. 2, moments)
-                m̂ = m/(1 − β1^k);  v̂ = v/(1 − β2^t);  ϑ = 1/(√v̂ + ε)    (local k for m, global t for v)
-                y ← y − η·(m̂ ⊙ ϑ + α·Δ_G + λ·y)                         (Alg. 2 update, decoupled decay)
-  upload      Δ_i and v̄_i = block means of the final v (B scalars)
-  server      x ← x + η_g·Δ̄;  v̄ ← mean_S v̄_i;  Δ_G ← −Δ̄/(K·η);  t ← t + K
-The paper prints the decay as "− λ·y" inside the bracket; decoupled weight decay shrinks y, so fedlight
-uses "+ λ·y" inside (y ← y − η·λ·y), as ALGORITHMS.md states. Δ_G is a pseudo-gradient (uphill), so
-``−η·α·Δ_G`` moves along the last global update. The local step itself is :class:`AmendedAdam`
-(shared with FedLADA) with ``b = α·Δ_G``.
-
-η is the loop's learning rate ``η_r`` (``loop.lr``; the paper and the released code use 3e-4 for ResNet-18 and
-DeiT, 1e-3 for ViT-B LoRA): the rule does not set it. ``loop.optimizer`` and ``loop.weight_decay`` are ignored
-(λ is the rule's ``lam``). K and η on the server are the round's mean K and η_r (``RoundInfo``); ``t`` advances
-by the rounded mean K, so unequal client sizes keep one global step per round for everyone.
+                m ← β1·m + (1 − β1)·g;  v ← β2·v + (1 − β2)·g²           (lines 8–9)
+                m̂ = m/(1 − β1^k);  v̂ = v/(1 − β2^t);  ϑ = 1/(√v̂ + ε)    (lines 11–13: local k, global t)
+                y ← y − η·(m̂ ⊙ ϑ + α·Δ_G + λ·y)                         (line 14, decoupled decay)
+  upload      Δ_i and v̄_i = block means of the final v (B scalars)                           (line 16)
+  server      x ← x + η_g·Δ̄;  v̄ ← mean_S v̄_i;  Δ_G ← −Δ̄/(K·η);  t ← t + K                  (lines 18–20)
+Every server mean is the plain mean over S (``weighting = "uniform"``). η is the loop's ``η_r``, optionally
+scheduled over the local steps (``local_schedule: cosine``: η_k = ½η_r(1 + cos(πk/K))); K and η on the server are
+the round's mean K and η_r. The step itself is :class:`AmendedAdam` (shared with FedLADA) with ``b = α·Δ_G``.
 
 Blocks (Appendix D), how ``v̄`` is shared:
-  * ``tensor``: one block per parameter tensor (B = number of tensors; the original July-2025 code).
-  * ``hessian``: Adam-mini-style Hessian blocks from timm parameter names: ``attn.qkv.weight`` ([3·D, D_in])
-    is split into q and k *per head* (``head_dim`` rows each) and v *per output row*; ``attn.proj.weight``,
-    ``mlp.fc1.weight``, ``mlp.fc2.weight`` per output row; ``pos_embed`` per token; ``head.weight`` (and
-    ``head.fc.weight``) per output row (class); everything else (``cls_token``, ``patch_embed``, norms, every
-    bias, LoRA adapters) one block per tensor. The count is capped at
-    ``C = min(max_blocks, ⌊d/min_block_size⌋)`` (d = number of trainable scalars). The cap is enforced by
-    merging *consecutive* units (heads/rows/tokens) of the same segment (q, k, v, or a tensor): with a
-    common threshold s, a segment of n units of u elements gets ⌈s/u⌉ units per block (the last block of
-    the segment may be shorter), and s is the smallest integer that brings the total to ≤ C. Blocks
-    never straddle tensors or q/k/v; if C is smaller than the number of tensors, one block per tensor is
-    used (B = number of tensors).
-  * ``none``: full element-wise ``v`` (the "Agg-v" row of Table 7): v̄ and v_i are model-sized, so the
-    communication is 3 models down and 2 up instead of the declared 2 + B scalars / 1 + B scalars.
+  * ``tensor``: one block per parameter tensor.
+  * ``hessian``: Adam-mini-style blocks from timm parameter names: ``attn.qkv.weight`` split into q and k per
+    head (``head_dim`` rows each) and v per output row; ``attn.proj``, ``mlp.fc1``, ``mlp.fc2`` weights per output
+    row; ``pos_embed`` per token; ``head.weight`` per class; everything else one block per tensor. At most
+    ``C = min(max_blocks, ⌊d/min_block_size⌋)`` blocks: consecutive units of one segment are merged with a common
+    threshold s (⌈s/u⌉ units of u elements per block), s the smallest that brings the count to ≤ C; blocks never
+    straddle tensors or q/k/v, and C below the number of tensors gives one block per tensor.
+  * ``none``: element-wise ``v`` (Table 7's Agg-v; 3 models down, 2 up).
 
-Ablations (Table 4): ``aggregate_v=False`` starts every round from ``v_0 = 0`` and sends no v̄ either way;
-with ``v_0 = 0`` the global-t correction of v would over-shrink v̂ (it assumes v_0 carries t − k steps of
-history), so v̂ is then bias-corrected with the local k like a fresh AdamW. ``alpha=0`` drops the global
-alignment; ``decoupled=False`` uses coupled L2 (``g ← g + λ·y`` after clipping, before the moments).
-
-``variant=3`` is Algorithm 3, the variant analysed in the paper: β1 = 0 and λ = 0 by default,
-``y ← y − η·(α·g ⊙ ϑ + (1 − α)·Δ_G)``, and the server steps ``x ← x − γ·Δ_G`` with the *new* Δ_G
-(= −Δ̄/(K·η), the round's mean local direction). ALGORITHMS.md does not fix γ; fedlight reads it as the global
-step size applied to that mean direction and sets γ = η_g·K·η_r, so ``server_lr`` keeps its meaning
-everywhere (η_g = 1: x_{r+1} = mean_i y_{i,K}, the same server move as Algorithm 2).
-
-The released code differs (see ``reference/authors_code_notes.md``): the current vision code sends full
-v, uses a FedLADA-style amendment with γ = 0.5 hard-coded and the global step in both bias corrections;
-none of that is reproduced.
+``variant=3`` is Algorithm 3: β1 = 0, λ = 0, ``y ← y − η·(α·g ⊙ ϑ + (1 − α)·Δ_G)``, server ``x ← x − γ·Δ_G`` with
+the new Δ_G and γ = η_g·K·η_r (η_g = 1: x_{r+1} = mean y_{i,K}). Ablations (Table 4), the decay sign the paper
+prints, the released code and the set-up differences: ``docs/algorithms.md`` (FedAdamW).
 """
 
 from __future__ import annotations
@@ -65,7 +42,7 @@ from torch import Tensor, nn
 
 from fedlight import params as P
 from fedlight.advice import Scale
-from fedlight.algorithms.compose import values
+from fedlight.algorithms.compose import InRoundLR, in_round_cosine, values
 from fedlight.algorithms.fedlada import AmendedAdam
 from fedlight.errors import ConfigError, check
 from fedlight.params import Params
@@ -255,6 +232,7 @@ class FedAdamWServer(ServerRule):
     """``x ← x + η_g·Δ̄`` (Alg. 3: ``x ← x − γ·Δ_G``); ``v̄ ← mean v̄_i``; ``Δ_G ← −Δ̄/(Kη)``; ``t ← t + K``."""
 
     state_keys = ("delta_G", "v_bar", "t")
+    weighting = "uniform"  # Algorithm 2, lines 18–20: Δ_G, x and v̄ are plain means over the S clients
 
     def __init__(self, blocks: _Blocks, lr: float = 1.0, aggregate_v: bool = True, variant: int = 2) -> None:
         super().__init__(lr)
@@ -316,6 +294,8 @@ class FedAdamW(Algorithm):
         aggregate_v: start local v from the aggregated v̄ (False: v_0 = 0, nothing about v is sent).
         decoupled: decoupled weight decay (AdamW); False is coupled L2.
         variant: 2 (Algorithm 2) or 3 (Algorithm 3).
+        local_schedule: the lr over a round's K local steps: "constant" (η_r throughout) or "cosine"
+            (η_k = ½η_r(1 + cos(πk/K)), the paper's Swin/RoBERTa set-ups, Appendix C), on top of the round schedule.
     """
 
     scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.advice
@@ -324,7 +304,8 @@ class FedAdamW(Algorithm):
                  beta2: float = 0.999, eps: float = 1e-8, server_lr: float = 1.0,
                  blocks: Literal["tensor", "hessian", "none"] = "tensor", head_dim: int = 64,
                  min_block_size: int = 512, max_blocks: int | None = None, aggregate_v: bool = True,
-                 decoupled: bool = True, variant: Literal[2, 3] = 2) -> None:
+                 decoupled: bool = True, variant: Literal[2, 3] = 2,
+                 local_schedule: Literal["constant", "cosine"] = "constant") -> None:
         check(variant in (2, 3), f"`algorithm.variant` must be 2 or 3, got {variant!r}")
         lam = (0.01 if variant == 2 else 0.0) if lam is None else lam
         beta1 = (0.9 if variant == 2 else 0.0) if beta1 is None else beta1
@@ -343,6 +324,10 @@ class FedAdamW(Algorithm):
               f"`algorithm.min_block_size` must be an integer >= 1, got {min_block_size!r}")
         check(max_blocks is None or (isinstance(max_blocks, int) and max_blocks >= 1),
               f"`algorithm.max_blocks` must be null or an integer >= 1, got {max_blocks!r}")
+        check(local_schedule in ("constant", "cosine"),
+              f"`algorithm.local_schedule` must be 'constant' or 'cosine', got {local_schedule!r}")
         part = _Blocks(blocks, head_dim, min_block_size, max_blocks)
-        super().__init__(FedAdamWClient(part, alpha, lam, beta1, beta2, eps, decoupled, aggregate_v, variant),
-                         FedAdamWServer(part, server_lr, aggregate_v, variant))
+        client: LocalUpdateRule = FedAdamWClient(part, alpha, lam, beta1, beta2, eps, decoupled, aggregate_v, variant)
+        if local_schedule == "cosine":
+            client = InRoundLR(client, in_round_cosine)  # η_k inside the round; Δ_G still divides by K·η_r (line 18)
+        super().__init__(client, FedAdamWServer(part, server_lr, aggregate_v, variant))

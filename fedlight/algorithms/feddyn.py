@@ -4,9 +4,9 @@ State: per-client ``∇L_i`` (zeros), server ``h`` (zeros).
   client objective   ℓ(y) − ⟨∇L_i, y⟩ + (α/2)‖y − x_r‖²,  so  d = g − ∇L_i + α(y − x_r)
   after K steps      ∇L_i ← ∇L_i − α(y_{i,K} − x_r)
   server             h ← h − α·(1/N)·Σ_{i∈S}(y_{i,K} − x_r);   x ← mean_{i∈S} y_{i,K} − h/α
-``Σ_{i∈S}`` is taken as ``|S|·Δ̄`` (identical with uniform weights or equal client sizes, the papers'
-setting). ``mean y_{i,K}`` comes from the inner server (FedAvg with η_g = 1), so FedDyn's server wraps
-others (FedNSAM-D, FedLESAM-D).
+Both server means are plain means over S, as the paper writes them (``weighting = "uniform"``, whatever
+``loop.weighting`` says): ``(1/N)·Σ_{i∈S}`` is ``(|S|/N)·Δ̄`` with the uniform ``Δ̄``. ``mean y_{i,K}`` comes
+from the inner server (FedAvg with η_g = 1), so FedDyn's server wraps others (FedNSAM-D, FedLESAM-D).
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ class DynCorrection(Correction):
 
 
 class DynServer(ServerWrapper):
-    """``h ← h − α·(|S|/N)·Δ̄``; ``x ← inner(x) − h/α``."""
+    """``h ← h − α·(|S|/N)·Δ̄``; ``x ← inner(x) − h/α`` (``Δ̄`` the plain mean over S)."""
 
     state_keys = ("h",)
+    weighting = "uniform"  # (1/N)·Σ_{i∈S} and mean_{i∈S}: the paper's server has no sample weights
 
     def __init__(self, inner, alpha: float) -> None:
         super().__init__(inner)
@@ -53,7 +54,7 @@ class DynServer(ServerWrapper):
         self.h = P.zeros_like(params)
 
     def update(self, params, agg, info):
-        self.h = P.add(self.h, agg.delta, -self.alpha * len(info.sampled) / info.num_clients)
+        self.h = P.add(self.h, agg.delta, -self.alpha * len(info.sampled) / info.num_clients)  # (1/N)·Σ_{i∈S}
         return P.add(super().update(params, agg, info), self.h, -1.0 / self.alpha)  # x ← mean y − h/α
 
     def diagnostics(self):

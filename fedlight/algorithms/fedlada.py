@@ -15,10 +15,8 @@ The two lines of the local step are applied as one update ``y ← y − η·((1 
 :class:`AmendedAdam` (identical math), so ``param_groups[0]["lr"]`` stays η_r. The moment initialisation and
 the absence of bias correction are exact (the released code emulates the latter with ``step = 1e6``).
 
-Weight decay is the loop's ``weight_decay`` (read from the loop's optimizer factory), applied as coupled L2
-after clipping, as ``torch.optim.Adam(weight_decay=...)`` does in the released code (there 1e-3).
-Round 0 runs with ``m̃ = 0`` and ``v̄ = 0`` and still without bias correction (the released code instead
-starts every worker's first round with a fresh, bias-corrected Adam).
+λ is the loop's ``weight_decay`` (``ctx.weight_decay``), coupled L2 after clipping. Released-code differences:
+``docs/algorithms.md`` (Baselines).
 """
 
 from __future__ import annotations
@@ -129,12 +127,12 @@ class LadaClient(LocalUpdateRule):
         self.gamma, self.beta1, self.beta2, self.eps = gamma, beta1, beta2, eps
 
     def make_optimizer(self, params, lr, default):
-        wd = default(params, lr=lr).defaults.get("weight_decay", 0.0)  # the loop's weight_decay
-        return AmendedAdam(params, lr, self.beta1, self.beta2, self.eps, weight_decay=wd, decoupled=False,
-                           adam_scale=1 - self.gamma)  # lr (1 − γ)·η
+        return AmendedAdam(params, lr, self.beta1, self.beta2, self.eps, weight_decay=0.0, decoupled=False,
+                           adam_scale=1 - self.gamma)  # lr (1 − γ)·η; λ is set in start
 
     def start(self, model, ctx):
         super().start(model, ctx)
+        ctx.optimizer.weight_decay = ctx.weight_decay  # the loop's λ, coupled L2
         bc = ctx.broadcast
         b = torch._foreach_mul(values(bc.extras["m_tilde"], ctx.params), -self.gamma / ctx.num_steps)  # −γ·m̃/K
         ctx.optimizer.begin_round(v0=values(bc.extras["v_bar"], ctx.params), extra=b)  # m_0 = 0, v_0 = v̄

@@ -14,14 +14,7 @@ released code). ``ρ = 0`` gives FedAvg / SCAFFOLD (λ_c = 1) / FedDyn exactly.
 Communication (down/up): FedLESAM 2/1, -S 3/2, -D 2/1 (Δ_G is one extra vector down; a client that cached
 x_{r−1} would not need it, but clients here are stateless for FedLESAM, so it is sent).
 
-Differences from the released code (MediaBrain-SJTU/FedLESAM, ``optimizer/LESAM*.py``), which are NOT
-reproduced:
-* the code stores Δ_G as one flattened vector and indexes it by *parameter-tensor index*, so tensor j is
-  shifted by the j-th scalar of the flat vector, normalized by the sum of the first P absolute entries; that is
-  a per-tensor constant shift, not a perturbation along Δ_G. fedlight applies the true vector perturbation;
-* its FedLESAM-S scales the SCAFFOLD term by λ_c = ``--lamb`` = 0.1; here λ_c is ``lam`` (default 1.0, the
-  SCAFFOLD/FedGAMMA value); set ``lam: 0.1`` to match the official runs.
-ρ defaults to 0.1, the official code's default (``--rho``).
+ρ defaults to 0.1, the released code's default. Released-code differences: ``docs/algorithms.md`` (Baselines).
 """
 
 from __future__ import annotations

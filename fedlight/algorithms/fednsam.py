@@ -1,57 +1,24 @@
 """FedNSAM and its -S/-D variants (Liu et al., ACM MM 2025, "FedNSAM: Consistency of Local and Global Flatness
-for Federated Learning", arXiv:2602.23827).
+for Federated Learning", arXiv:2602.23827), Algorithm 1 (eqs. 12–13). One backprop per local step.
 
-FedNSAM uses the global Nesterov momentum twice in every local step: as a look-ahead (extrapolation)
-and as the direction of the sharpness perturbation, so one backprop per step suffices (Alg. 1).
 State: server momentum ``m`` (zeros). ``λ = 0.85``, ``ρ = 0.1``.
   broadcast          x_r and m
-  local step k       ỹ = y_k + λ·m                                         (extrapolate)
-                     δ = −ρ·m/‖m‖   (0 when m = 0)                          (perturb)
+  local step k       ỹ = y_k + λ·m                                         (extrapolate, eq. 12)
+                     δ = −ρ·m/‖m‖   (0 when m = 0)                          (perturb, eq. 13)
                      d = ∇ℓ(ỹ + δ)                                          (one backprop)
                      y_{k+1} = y_k − η·d  (SGD, wd, clip as usual)
   upload             Δ_i = y_{i,K} − x_r
   server             m ← λ·m + Δ̄;  x ← x + m
+``m`` accumulates updates (downhill), so ``δ`` is an ascent along the global momentum. Both offsets are constant
+within the round: :class:`NesterovPerturbation` adds ``e = λm + δ`` before the single forward/backward.
 
-Sign of δ. ``m`` accumulates Δ̄, the averaged client *update*, so it points downhill; the global ascent
-direction is ``−m`` and ``δ = −ρ·m/‖m‖`` is a SAM-style ascent perturbation along the global momentum
-(the released ``optimizer/Nesterov.py`` evaluates the gradient at ``y + λm − ρm/‖m‖``, the same sign).
-Extrapolation and perturbation are both constant offsets of ``y`` for the whole round, so they form one
-:class:`NesterovPerturbation` ``e = λm + δ`` that :class:`~fedlight.algorithms.compose.ComposedClient` adds
-before its single forward/backward (BatchNorm statistics are updated once, at ``ỹ + δ``). ``‖m‖`` is not a
-gradient norm, so unlike SAM the default client accepts ``16-mixed`` precision.
-
-Note (checked in the tests): because ``e`` is constant within the round, with weight decay 0 the iterates
-``y_k + λm`` are exactly those of a client that starts once from the look-ahead ``x_r + λm`` (FedACG-style)
-and perturbs by ``δ``; Δ_i and ``x_{r+1}`` are identical. With weight decay the two differ by the decay of
-``λm`` (SGD decays ``y_k``, not ``ỹ``). The loop's flatness distance ``D = (1/S)Σ‖y_{i,K} − x_{r+1}‖²``
-(Definition 1) is measured from ``y_{i,K} = x_r + Δ_i``, the client's iterate, and ``x_{r+1} = mean y_{i,K} + λm``,
-so here it includes ``λ²‖m_r‖²`` on top of the clients' spread.
-
-Ablations (Table 6), all options of ``fednsam``:
-  * "FedNSAM − Nesterov": ``extrapolate=False`` (δ kept, ``e = δ``; the server momentum is kept).
-  * "FedAvg + Nesterov": ``rho=0`` (extrapolation only).
-  * "FedSAM + Nesterov": ``perturbation="local_sam"`` with ``sam_rho`` (extrapolation + local-gradient SAM;
-    see below: for a constant offset, starting once from ``x_r + λm`` is the per-step extrapolation).
-  * ``lam=0, rho=0`` is FedAvg exactly.
-
-Released code (``perturbation="local_sam"``, off by default). The authors' runnable client
-(``main_FedNSAM.py::update_NSAM``) starts once from ``y_0 = x_r + λm`` and then runs ordinary
-local-gradient SAM (``e = ρ_s·g/‖g‖``, two backprops, ρ_s = 0.05 hard-coded), uploading
-``Δ_i = y_{i,K} − y_0``; with the server above, ``x_{r+1} = mean y_{i,K}``. Here the server broadcasts the
-single vector ``x_r + λm`` (1 model down) and the SAM radius is ``sam_rho``; ``extrapolate=False`` starts
-from ``x_r``. This is the code path behind the repository's runs (README commands); whether the paper's
-tables came from it is not known. One copy of the released server forgets the momentum every round
-(``m = (1 + λ)Δ̄``); that bug is not offered.
-
-Variants (Table 5; the paper gives no detail and no code was released, so the composition is ours):
-  * FedNSAM-S: ``d = ∇ℓ(ỹ + δ) + c − c_i`` with SCAFFOLD's option-II control variates; the server is the
-    SCAFFOLD server wrapped around the momentum server: ``m ← λm + Δ̄; x ← x + m; c ← c + (1/N)ΣΔc_i``.
-    ``c_i⁺ = c_i − c + (x_r − y_{i,K})/(Kη)``. Cost 3/2 (x, m, c down; Δ, Δc up).
-  * FedNSAM-D: ``d = ∇ℓ(ỹ + δ) − ∇L_i + α(y − x_r)`` with FedDyn's dual update; the server is the FedDyn
-    server wrapped around the momentum server: ``h ← h − α(|S|/N)Δ̄; m ← λm + Δ̄; x ← x + m − h/α``.
-    The momentum accumulates the clients' Δ̄ only; the FedDyn offset ``−h/α`` is applied on top of it (as
-    FedDyn applies it on top of the plain average), not fed into ``m``. Cost 2/1.
-  With ``lam=0, rho=0`` the variants are SCAFFOLD and FedDyn exactly.
+Variants (Table 5; the composition is fedlight's, the paper gives none):
+  FedNSAM-S   d = ∇ℓ(ỹ + δ) + c − c_i;  c_i⁺ = c_i − c + (x_r − y_{i,K})/(Kη);
+              server m ← λm + Δ̄; x ← x + m; c ← c + (1/N)·Σ_{i∈S} Δc_i                       (comm 3/2)
+  FedNSAM-D   d = ∇ℓ(ỹ + δ) − ∇L_i + α(y − x_r);  ∇L_i ← ∇L_i − α·Δ_i;
+              server h ← h − α(|S|/N)Δ̄; m ← λm + Δ̄; x ← x + m − h/α  (plain means over S)    (comm 2/1)
+``lam=0, rho=0`` gives FedAvg, SCAFFOLD and FedDyn exactly. Ablations (Table 6: ``extrapolate``, ``rho=0``,
+``perturbation="local_sam"``), the released code and reproduction notes: ``docs/algorithms.md`` (FedNSAM).
 """
 
 from __future__ import annotations

@@ -17,14 +17,7 @@ Server         h ← h − λ·(1/N)·Σ_{i∈S}(y_{i,K} − x_r);  x ← mean_S
 Communication: 2 vectors down (x_r, s), 2 up (Δ_i, μ_i). ``ρ = 0`` is FedDyn with α = λ exactly
 (then e = 0, μ_i stays 0 and s stays 0).
 
-Notes on the reference code (the authors' FL-Simulator, ``optimizer/DRegSAM.py``, ``server/FedSMOO.py``):
-* its server sets s from the mean of the uploaded μ_i only, dropping the paper's ŝ_{i,K} term (the code says
-  its norm is small); ALGORITHMS.md and fedlight use that simplified s;
-* it normalizes with ``‖·‖ + 1e-7``; fedlight uses SAM's 1e-12 guard for e and an exact unit vector for s;
-* it adds ``λ·y`` through SGD weight decay, i.e. after the gradient clip; fedlight keeps the whole FedDyn term
-  inside the clip (the fedlight convention for correction terms). Identical whenever the clip is inactive;
-* ``mean_S`` is the loop's aggregation mean (sample-weighted by default; uniform, as in the code, with
-  ``loop.weighting: uniform`` or equal client sizes).
+Released-code differences: ``docs/algorithms.md`` (Baselines).
 """
 
 from __future__ import annotations

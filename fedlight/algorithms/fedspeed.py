@@ -11,11 +11,8 @@ After K steps  ∇L_i ← ∇L_i − λ(y_{i,K} − x_r).
 Server         h ← h − λ·(1/N)·Σ_{i∈S}(y_{i,K} − x_r);  x ← mean_S y_{i,K} − h/λ      (DynServer)
 1 vector down, 1 up. ``ρ = 0`` is FedDyn with α = λ exactly.
 
-The paper describes the local direction as a merge of the plain minibatch gradient with the gradient at the
-ascent point; its authors' released code (FL-Simulator ``client/fedspeed.py``) uses the SAM gradient ``g'``
-alone, which is what ALGORITHMS.md specifies and fedlight implements. That code also adds ``λ·y`` as SGD weight
-decay (after the clip); fedlight keeps the whole correction inside the clip (identical when the clip is
-inactive). Defaults ρ = 0.1, λ = 0.1 are that code's defaults.
+Defaults ρ = 0.1, λ = 0.1 (the released code's). How the paper and the released code differ: ``docs/algorithms.md``
+(Baselines).
 """
 
 from __future__ import annotations

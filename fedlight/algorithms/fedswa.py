@@ -1,49 +1,30 @@
 """FedSWA and FedMoSWA (Liu et al., ICML 2025, "Improving Generalization in Federated Learning with Highly
-Heterogeneous Data via Momentum-Based Stochastic Controlled Weight Averaging").
+Heterogeneous Data via Momentum-Based Stochastic Controlled Weight Averaging"), Algorithm 1.
 
-Both clients lower the local learning rate linearly inside the round (a cyclic, SWA-style schedule):
+Both clients lower the local learning rate linearly inside the round (line 8):
   η_k = η_l·(1 − k/K) + (k/K)·ρ·η_l,   k = 0..K−1   (the first step uses η_l; η_l = the round's lr η_r)
-computed as ``η_l·(1 − (1 − ρ)·k/K)`` (the same number, and exactly ``η_l`` when ρ = 1).
-:class:`InRoundLinearLR` wraps any client rule with that schedule.
+computed as ``η_l·(1 − (1 − ρ)·k/K)``. K steps, not the K + 1 that line 6's ``k = 0, …, K`` would give: lines
+12–14 upload ``θ_{i,K}``, the model after K steps. :class:`InRoundLinearLR` wraps any client rule with it.
 
 FedSWA
-  client             K plain SGD steps with d = g at lr η_k
-  server             v = mean_S y_{i,K};  x ← x + α·(v − x)   (= x + α·Δ̄: FedAvg's server with η_g = α)
+  client             K SGD steps with d = g at lr η_k                                        (line 9)
+  server             v = (1/s)·Σ_{i∈S} y_{i,K};  x ← x + α·(v − x)                            (line 17)
 FedMoSWA. State: server m (zeros), per-client c_i (zeros), kept by client id.
-  broadcast          x_r and m
-  client step        d = g − c_i + m   at lr η_k
-  after K steps      c_i⁺ = c_i − m + (x_r − y_{i,K}) / Σ_k η_k
-  upload             Δ_i and Δc_i = c_i⁺ − m;  store c_i ← c_i⁺
-  server             m ← m + γ·mean_S(Δc_i) = (1 − γ)·m + γ·mean_S(c_i⁺);  x ← x + α·(v − x)
-Defaults ρ = 0.01, α = 1, γ = 0.5. ``FedSWA ρ = 1, α = 1`` is FedAvg exactly.
-
-Sign check of FedMoSWA (ALGORITHMS.md is right). ``(x_r − y_{i,K})/Σ_k η_k`` is the lr-weighted mean of the
-directions used, ≈ ḡ_i − c_i + m, so ``c_i⁺ ≈ c_i − m + ḡ_i − c_i + m = ḡ_i``: ``c_i`` estimates client i's
-own gradient, exactly like SCAFFOLD's c_i. The server makes ``m`` an exponential average of the ``c_i⁺``,
-i.e. an estimate of the global gradient, playing SCAFFOLD's ``c``. Then ``d = g − c_i + m ≈ g − ∇f_i + ∇f``:
-local drift is replaced by the global direction, and when all clients agree (c_i = m) the correction
-vanishes. ``g − c_i + m`` is SCAFFOLD's ``g + c − c_i`` with ``c → m`` (same sign, terms reordered); the
-control-variate update is SCAFFOLD's option II with ``c → m`` and ``K·η → Σ_k η_k``. Only the upload
-(``c_i⁺ − m`` instead of ``c_i⁺ − c_i``) and the server (EMA over the sampled clients instead of
-``c + (1/N)ΣΔc_i``) differ, so the client reuses :class:`~fedlight.algorithms.scaffold.ScaffoldCorrection`
-(``m`` is broadcast under SCAFFOLD's key ``"c"``) and only overrides the upload. ``mean_S`` is the loop's
-weighted mean, like Δ̄ (uniform for equal-size clients or ``weighting: uniform``).
-
-Released code (``junkangLiu0/FedSWA``, ``main_FedSWA.py``) differs; recipes follow the paper, and these
-are not options:
-  * FedSWA (``update_FedSWA``): the lr starts at **2**·η_r and falls to 0 (ρ = 0 hard-coded, ``--rho``
-    ignored), with the README's ``--lr 0.2`` on top (peak 0.4); the server α is ``--lg`` = 1. The closest
-    fedlight run is ``fedswa`` with ``rho=0`` and the loop lr doubled.
-  * FedMoSWA (``--alg MoFedSWA``: ``update_scafplus`` + ``apply_weights_SCAF``): **no cyclic lr** (constant
-    η_r, i.e. ``rho=1``), the correction added after the clip, and ``m ← 0.6·m + 0.4·mean(c_i⁺)`` with
-    γ = 0.4 hard-coded (the README's ``--gamma 0.5`` is ignored) except round 0, which sets ``m = mean c_i⁺``;
-    c_i is kept per worker slot, not per client. ``fedmoswa`` with ``rho=1, gamma=0.4`` is the closest run.
+  broadcast          x_r and m                                                                (line 4)
+  client step        d = g − c_i + m   at lr η_k                                              (line 10)
+  after K steps      c_i⁺ = c_i − m + (x_r − y_{i,K}) / Σ_k η_k                              (line 13, option ii)
+  upload             y_{i,K} (as Δ_i) and Δc_i = c_i⁺ − m;  store c_i ← c_i⁺                  (line 14)
+  server             m ← m + γ·(1/s)·Σ_{i∈S} Δc_i;   x ← x + α·(v − x)                         (lines 16–17)
+Every server mean is the plain mean over the s sampled clients, as the box writes it (``weighting = "uniform"``).
+Defaults: α = 1 (``x = v``); the paper gives no value for ρ or γ, so the defaults are the released code's,
+ρ = 0 and γ = 0.4. ``FedSWA ρ = 1, α = 1`` is FedAvg exactly. The released code and the sign check of the
+control variates are in ``docs/algorithms.md`` (FedSWA / FedMoSWA).
 """
 
 from __future__ import annotations
 
 from fedlight import params as P
-from fedlight.algorithms.compose import ComposedClient, ServerWrapper
+from fedlight.algorithms.compose import ComposedClient, InRoundLR, ServerWrapper
 from fedlight.algorithms.scaffold import ScaffoldCorrection
 from fedlight.errors import check
 from fedlight.registry import register
@@ -55,11 +36,9 @@ def in_round_lr(lr: float, k: int, K: int, rho: float) -> float:
     return lr * (1.0 - (1.0 - rho) * k / K)
 
 
-class InRoundLinearLR(LocalUpdateRule):
-    """Runs ``inner`` with the local lr falling linearly from ``η_l`` towards ``ρ·η_l`` inside the round.
-
-    Before local step ``k`` the optimizer's lr is set to ``η_k`` (:func:`in_round_lr`); ``ctx.lr_sum`` then
-    accumulates ``Σ_k η_k`` for rules that divide by it.
+class InRoundLinearLR(InRoundLR):
+    """Runs ``inner`` with the local lr falling linearly from ``η_l`` towards ``ρ·η_l`` inside the round
+    (:func:`in_round_lr`).
 
     Args:
         inner: the client rule whose steps are rescheduled.
@@ -67,21 +46,8 @@ class InRoundLinearLR(LocalUpdateRule):
     """
 
     def __init__(self, inner: LocalUpdateRule, rho: float) -> None:
-        self.inner, self.rho = inner, rho
-        self.needs_true_grad_norm = inner.needs_true_grad_norm
-
-    def make_optimizer(self, params, lr, default):
-        return self.inner.make_optimizer(params, lr, default)
-
-    def start(self, model, ctx):
-        self.inner.start(model, ctx)
-
-    def step(self, model, batch, ctx):
-        ctx.set_lr(in_round_lr(ctx.lr, ctx.step_index, ctx.num_steps, self.rho))  # η_k
-        return self.inner.step(model, batch, ctx)
-
-    def finish(self, model, ctx):
-        return self.inner.finish(model, ctx)
+        super().__init__(inner, lambda lr, k, K: in_round_lr(lr, k, K, rho))
+        self.rho = rho
 
 
 class MoSWACorrection(ScaffoldCorrection):
@@ -93,6 +59,12 @@ class MoSWACorrection(ScaffoldCorrection):
     def finish(self, ctx, result):
         super().finish(ctx, result)  # c_i⁺ = c_i − m + (x_r − y_{i,K})/Σ η_k;  c_i ← c_i⁺
         result.extras["delta_c"] = P.sub(ctx.state["c_i"], ctx.broadcast.extras["c"])  # Δc_i = c_i⁺ − m
+
+
+class SWAServer(ServerRule):
+    """``x ← x + α·(v − x)`` with ``v`` the plain mean of ``y_{i,K}`` over S (FedAvg's server, η_g = α)."""
+
+    weighting = "uniform"  # line 17: v = (1/s)·Σ θ_{i,K}
 
 
 class MoSWAServer(ServerWrapper):
@@ -137,13 +109,14 @@ class FedSWA(Algorithm):
     """FedSWA: SGD with a linearly falling in-round lr; server ``x ← x + α(mean y_{i,K} − x)``.
 
     Args:
-        rho: ρ, the lr at the end of the round as a fraction of η_l (0 ≤ ρ ≤ 1; ``rho=1, alpha=1`` is FedAvg).
+        rho: ρ, the lr at the end of the round as a fraction of η_l (0 ≤ ρ ≤ 1; not in the paper, 0 as in the
+            released code; ``rho=1, alpha=1`` is FedAvg).
         alpha: α, the server's averaging weight (0 < α ≤ 1).
     """
 
-    def __init__(self, rho: float = 0.01, alpha: float = 1.0) -> None:
+    def __init__(self, rho: float = 0.0, alpha: float = 1.0) -> None:
         _check_swa(rho, alpha)
-        super().__init__(InRoundLinearLR(LocalUpdateRule(), rho), ServerRule(lr=alpha))  # x + α·Δ̄ = x + α(v − x)
+        super().__init__(InRoundLinearLR(LocalUpdateRule(), rho), SWAServer(lr=alpha))  # x + α·Δ̄ = x + α(v − x)
 
 
 @register("fedmoswa", paper="Liu et al., ICML 2025", backprops=1, comm=(2, 2), stateful_clients=True)
@@ -151,13 +124,15 @@ class FedMoSWA(Algorithm):
     """FedMoSWA: FedSWA with momentum-based stochastic control variates (``d = g − c_i + m``).
 
     Args:
-        rho: ρ, the lr at the end of the round as a fraction of η_l (0 ≤ ρ ≤ 1).
+        rho: ρ, the lr at the end of the round as a fraction of η_l (0 ≤ ρ ≤ 1; not in the paper, 0 as in the
+            released code).
         alpha: α, the server's averaging weight (0 < α ≤ 1).
-        gamma: γ, the server momentum step ``m ← m + γ·mean(c_i⁺ − m)`` (0 ≤ γ ≤ 1; the released code used 0.4).
+        gamma: γ, the server momentum step ``m ← m + γ·mean(c_i⁺ − m)`` (0 ≤ γ ≤ 1; not in the paper, 0.4 as in
+            the released code).
     """
 
-    def __init__(self, rho: float = 0.01, alpha: float = 1.0, gamma: float = 0.5) -> None:
+    def __init__(self, rho: float = 0.0, alpha: float = 1.0, gamma: float = 0.4) -> None:
         _check_swa(rho, alpha)
         check(0 <= gamma <= 1, f"`algorithm.gamma` must be in [0, 1], got {gamma}")
         super().__init__(InRoundLinearLR(ComposedClient(corrections=[MoSWACorrection()]), rho),
-                         MoSWAServer(ServerRule(lr=alpha), gamma))
+                         MoSWAServer(SWAServer(lr=alpha), gamma))

@@ -1,49 +1,27 @@
 """FedWMSAM (Li, Huang et al., NeurIPS 2025, "FedWMSAM: Fast and Flat Federated Learning via Weighted Momentum
-and Sharpness-Aware Minimization", arXiv:2511.22080) — seed paper. One backprop per local step.
+and Sharpness-Aware Minimization", arXiv:2511.22080) — seed paper, Algorithm 1. One backprop per local step.
 
 State: server global momentum ``M`` (a pseudo-gradient, zeros), SCAFFOLD ``c`` and per-client ``c_i`` (zeros,
 kept by the client), the scalar weight ``α`` (init 0.1, server state).
   personalized momentum   u_i = M + (α/(1 − α))·(c − c_i)                                  (eq. 1)
-  predicted global point  x̂_b = x_r − b·η_r·u_i,  b = 0..K−1
-  perturbation            δ_b = y_b − x̂_b;   e_b = ρ·δ_b/‖δ_b‖   (0 at b = 0 or when δ_b = 0)
-  local direction         d = α·∇ℓ(y_b + e_b) + (1 − α)·u_i                                (eq. 2)
-  after K steps           c_i⁺ = c_i − c + (x_r − y_{i,K})/(K·η_r);  upload Δ_i, Δc_i       (eq. 5, SCAFFOLD-II)
+  extrapolated point      x̃_b = x_r + b·u_i,  b = 0..K−1                                   (Alg. 1, line 14)
+  perturbation            δ_b = x̃_b − y_b;   e_b = ρ·δ_b/‖δ_b‖   (0 at b = 0 or when δ_b = 0)  (Alg. 1, line 15)
+  local direction         d = α·∇ℓ(y_b + e_b) + (1 − α)·u_i;  y_{b+1} = y_b − η_r·d    (eq. 2, lines 16–17)
+  after K steps           c_i⁺ = c_i − c + (x_r − y_{i,K})/(K·η_r);  upload Δ_i, Δc_i       (eq. 5)
   server                  c ← c + (1/N)·Σ_{i∈S} Δc_i;   M ← −Δ̄/(K·η_r);   x ← x + η_g·Δ̄
-  adaptive weight         α̂ = mean_{i∈S} cos(M, u_i);   α ← (1 − γ)·α + γ·clip(α̂, 0.1, 0.9)  (eqs. 3-4)
-``α̂`` uses ``M`` and ``u_i`` exactly as this round broadcast them (before ``c`` and ``M`` are updated); a cosine
-with a zero vector counts as 0, so round 0 (M = 0) gives α̂ = 0. The new ``α`` is used from the next round.
+  adaptive weight         α̂ = mean_{i∈S} cos(M, u_i);   α ← (1 − γ)·α + γ·clip(α̂, 0.1, 0.9)  (eqs. 3–4)
+Since y_b = x_r − η·Σ_{j<b} d_j, δ_b = b·u_i + η·Σ_{j<b} d_j: an ascent along the global momentum and the
+accumulated local directions. ``α̂`` uses ``M`` and ``u_i`` as this round broadcast them; a cosine with a zero
+vector counts as 0 (round 0 gives α̂ = 0). The new ``α`` is used from the next round.
 
-Where things live (the design choice that fixes the communication count): ``c_i`` stays with the client, as in
-SCAFFOLD. The server broadcasts ``x_r``, ``M``, ``c`` and the scalar ``α``; the client forms ``u_i`` itself,
-computes ``cos(M, u_i)`` and, when α is adaptive, uploads it as one scalar (the loop averages it uniformly over S:
-that mean is α̂), together with ``Δ_i`` and ``Δc_i``. That is 3 vectors + 1 scalar down and 2 vectors + 1 scalar
-up: ``comm = (3, 2)``. The released FL-Simulator code instead keeps every ``c_i`` on the server and sends ``u_i``
-itself (2/1: ``x_r`` and ``u_i`` down, ``Δ_i`` up, the server recomputing ``c_i`` from ``Δ_i``), which needs
-server memory for N models and a different broadcast per client. With ``personalized=False`` there are no control
-variates: ``comm = (2, 1)`` plus the scalars.
+``c_i`` stays with the client: down ``x_r``, ``M``, ``c`` and the scalar ``α``; up ``Δ_i``, ``Δc_i`` and the
+similarity scalar (``comm = (3, 2)``). ``perturbation="released"`` (δ_b = y_b − x̃_b, the released code's sign)
+and ``similarity="update"`` (α̂ = mean_S (1 + cos(Δ_i, M))) reproduce the authors' code; the corrector update,
+the released code and the reproduction notes are in ``docs/algorithms.md`` (FedWMSAM).
 
-Building blocks: :class:`~fedlight.algorithms.fedcm.MomentumCorrection` (``d += (1 − α)·u_i``, with ``u_i`` and
-``α`` read per client), :class:`~fedlight.algorithms.fedcm.PseudoGradientServer` (``M``),
-:class:`~fedlight.algorithms.scaffold.ScaffoldCorrection`'s control-variate update and
-:class:`~fedlight.algorithms.scaffold.ScaffoldServer` (``c``), and :class:`WMSAMPerturbation` (one backprop: the
-offset is known without a gradient, so BatchNorm statistics are updated once, by the perturbed pass).
-
-Options that reproduce the released code (off by default): ``similarity="update"`` uses
-α̂ = mean_i (1 + cos(Δ_i, M)) (0 for a client when either vector is zero), which is what produced the paper's
-tables; ``perturbation="released"`` builds ``e`` from ``x_r + b·u_i`` with the code's sign,
-e ∝ y_b − (x_r + b·u_i) (as a vector: the code's per-tensor scalar shift, a flattened-index bug, is not offered).
-``perturbation="poster"`` is the README/poster formula e ∝ (x_r + b·u_i) − y_b. Mind the direction: the
-specification's δ_b = y_b − x̂_b points from the momentum-predicted point to the client, ∝ −ηα·Σ_j(∇ℓ_j − u_i),
-i.e. along u_i minus the local gradients, while the poster's form points mostly along +u_i (an ascent along the
-global pseudo-gradient). The default follows the specification; the other forms are there to compare. The
-released runs used ρ = 0.1 (the README recommends ρ ≈ 0.01, the default here) and a momentum with an extra factor
-0.998 (not offered).
-
-Logged per round: ``server/alpha`` (α after the update, i.e. the weight of the next round), ``server/alpha_hat``,
-``server/M_norm`` (‖M‖ after the update), ``server/c_norm``, ``rule/control_gap_norm`` (mean_S ‖c − c_i‖ as
-broadcast) and ``rule/similarity`` (= α̂ before clipping). Like the rest of the SAM family it refuses ``16-mixed``
-precision (ComposedClient's rule for perturbations), although its norm is of a parameter difference, not of a
-gradient.
+Logged per round: ``server/alpha`` (the next round's α), ``server/alpha_hat``, ``server/M_norm``,
+``server/c_norm``, ``rule/control_gap_norm`` (mean_S ‖c − c_i‖ as broadcast), ``rule/similarity`` and
+``rule/perturbation_norm``. Refuses ``16-mixed`` precision, like the rest of the SAM family.
 """
 
 from __future__ import annotations
@@ -63,36 +41,37 @@ from fedlight.rules import Algorithm, ServerRule
 ALPHA_MIN, ALPHA_MAX = 0.1, 0.9  # clip range of α̂ (eq. 4)
 
 
+PERTURBATIONS = ("paper", "released")
+
+
 class WMSAMPerturbation(Perturbation):
-    """Momentum-guided offset ``e_b = ρ·δ_b/‖δ_b‖`` with ``δ_b = y_b − (x_r − b·η_r·u_i)`` (no extra backprop).
+    """Momentum-guided offset ``e_b = ρ·δ_b/‖δ_b‖`` with ``δ_b = (x_r + b·u_i) − y_b`` (no extra backprop).
 
     ``u_i`` is read from ``ctx.scratch["u"]`` (set by :class:`WMSAMClient`); ``b = ctx.step_index``.
 
     Args:
         rho: ρ, the perturbation radius.
-        form: ``"deviation"`` (the specification), ``"released"`` or ``"poster"`` (see the module docstring).
+        form: ``"paper"`` (Algorithm 1, line 15) or ``"released"`` (the released code's sign, ``−δ_b``).
     """
 
-    needs_true_grad_norm = False  # a norm of a parameter difference, not of a gradient
+    # The norm is of a parameter difference, not of a gradient; FedWMSAM nevertheless refuses 16-mixed with the rest
+    # of the SAM family, whose offsets follow the local steps (one precision policy for the family).
+    needs_true_grad_norm = True
 
     uses_backprop = False
 
-    def __init__(self, rho: float, form: str = "deviation") -> None:
+    def __init__(self, rho: float, form: str = "paper") -> None:
+        check(form in PERTURBATIONS, f"`algorithm.perturbation` must be one of {PERTURBATIONS}, got {form!r}")
         self.rho = rho
-        self.form = form
+        self.sign = 1.0 if form == "paper" else -1.0
 
     def __call__(self, model, batch, ctx):
         b = ctx.step_index
         if b == 0 or not self.rho:
-            return None, None  # δ_0 = y_0 − x_r = 0  ⇒  e_0 = 0
-        u, x_r = ctx.scratch["u"], ctx.broadcast.params
-        if self.form == "deviation":
-            anchor = P.add(x_r, u, -b * ctx.lr)  # x̂_b = x_r − b·η·u_i
-        else:
-            anchor = P.add(x_r, u, float(b))  # x_r + b·u_i (released code / poster)
-        delta = P.sub(ctx.params, anchor)  # δ_b = y_b − x̂_b
-        sign = -1.0 if self.form == "poster" else 1.0
-        e = P.scale(P.unit(delta), sign * self.rho)  # e_b = ρ·δ_b/‖δ_b‖ (0 when δ_b = 0)
+            return None, None  # δ_0 = x_r − y_0 = 0  ⇒  e_0 = 0
+        x_tilde = P.add(ctx.broadcast.params, ctx.scratch["u"], float(b))  # x̃_b = x_r + b·u_i  (line 14)
+        delta = P.sub(x_tilde, ctx.params)  # δ_b = x̃_b − y_b  (line 15)
+        e = P.scale(P.unit(delta), self.sign * self.rho)  # e_b = ρ·δ_b/‖δ_b‖ (0 when δ_b = 0)
         ctx.metrics["perturbation_norm"] = P.norm(e)
         return e, None
 
@@ -194,7 +173,7 @@ class AdaptiveWeightServer(ServerWrapper):
 
 def fedwmsam_rules(alpha: float = 0.1, rho: float = 0.01, gamma: float = 0.01, personalized: bool = True,
                    sam: bool = True, adaptive: bool = True, similarity: str = "momentum",
-                   perturbation: str = "deviation", server_lr: float = 1.0) -> tuple[WMSAMClient, ServerRule]:
+                   perturbation: str = "paper", server_lr: float = 1.0) -> tuple[WMSAMClient, ServerRule]:
     """The (client, server) pair; exposed so variants can wrap or replace one half."""
     pert = WMSAMPerturbation(rho, perturbation) if sam else None
     client = WMSAMClient(pert, personalized, similarity, adaptive)
@@ -215,28 +194,29 @@ class FedWMSAM(Algorithm):
 
     Args:
         alpha: α_0, the initial weight of the local (SAM) gradient against the momentum (0 < α < 1).
-        rho: ρ, the perturbation radius (≥ 0; the README's best value 0.01; the released runs used 0.1).
+        rho: ρ, the perturbation radius (≥ 0; 0.01 in the paper's experiments, §5.1; the released runs used 0.1).
         gamma: γ, the update rate of α (0 ≤ γ ≤ 1).
         personalized: use ``u_i = M + (α/(1 − α))(c − c_i)``; False: ``u_i = M`` and no control variates.
         sam: use the momentum-guided perturbation; False: ``e = 0``.
         adaptive: update α each round; False: α stays α_0.
         similarity: "momentum": α̂ = mean cos(M, u_i) (paper); "update": α̂ = mean(1 + cos(Δ_i, M)) (released code).
-        perturbation: "deviation": δ_b = y_b − (x_r − bη u_i) (specification); "released": δ_b = y_b − (x_r + b u_i)
-            (released code, as a vector); "poster": δ_b = (x_r + b u_i) − y_b (README/poster formula).
+        perturbation: "paper": δ_b = (x_r + b·u_i) − y_b (Algorithm 1, line 15); "released": δ_b = y_b − (x_r + b·u_i)
+            (the released code's sign, as one vector).
         server_lr: η_g.
     """
 
     def __init__(self, alpha: float = 0.1, rho: float = 0.01, gamma: float = 0.01, personalized: bool = True,
                  sam: bool = True, adaptive: bool = True, similarity: Literal["momentum", "update"] = "momentum",
-                 perturbation: Literal["deviation", "released", "poster"] = "deviation",
+                 perturbation: Literal["paper", "released"] = "paper",
                  server_lr: float = 1.0) -> None:
         check(0 < alpha < 1, f"`algorithm.alpha` must be in (0, 1), got {alpha}")
         check(rho >= 0, f"`algorithm.rho` must be >= 0, got {rho}")
         check(0 <= gamma <= 1, f"`algorithm.gamma` must be in [0, 1], got {gamma}")
         check(similarity in ("momentum", "update"),
               f"`algorithm.similarity` must be 'momentum' or 'update', got {similarity!r}")
-        check(perturbation in ("deviation", "released", "poster"),
-              f"`algorithm.perturbation` must be 'deviation', 'released' or 'poster', got {perturbation!r}")
+        check(perturbation in PERTURBATIONS,
+              f"`algorithm.perturbation` must be 'paper' (Algorithm 1) or 'released' (the authors' code's sign), "
+              f"got {perturbation!r}")
         check(server_lr > 0, f"`algorithm.server_lr` must be > 0, got {server_lr}")
         super().__init__(*fedwmsam_rules(alpha, rho, gamma, personalized, sam, adaptive, similarity, perturbation,
                                          server_lr))

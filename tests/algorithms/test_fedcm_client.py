@@ -38,7 +38,7 @@ def test_golden_partial_participation_and_persistence():
     before = {}
     for r in range(R):
         S = sample_clients(N, 2, 0, r)
-        deltas, norms = [], []
+        deltas, norms, vs = [], [], []
         for i in S:
             vi = v[i] if v[i] is not None else {k: np.zeros_like(t) for k, t in theta.items()}  # zero at the start
             y = dict(x)
@@ -47,6 +47,7 @@ def test_golden_partial_participation_and_persistence():
                 y = lin((1, y), (-LR, vi))  # y ← y − ηv
             v[i] = vi
             norms.append(norm(vi))
+            vs.append(vi)
             deltas.append(lin((1, y), (-1, x)))
         x = lin((1, x), *[(1 / len(S), d) for d in deltas])
         row = loop.run_round(r)
@@ -63,10 +64,13 @@ def test_golden_partial_participation_and_persistence():
         # diagnostics over the sampled clients
         assert row["server/momentum_beta"] == beta
         assert row["server/avg_momentum_norm"] == pytest.approx(np.mean(norms), abs=1e-12)
-        assert row["server/momentum_variance"] == pytest.approx(np.var(norms), abs=1e-12)
+        v_bar = lin(*[(1 / len(vs), vi) for vi in vs])
+        var = np.mean([norm(lin((1, vi), (-1, v_bar))) ** 2 for vi in vs])  # variance of the vectors
+        assert row["server/momentum_variance"] == pytest.approx(var, abs=1e-12)
+        assert var > np.var(norms) + 1e-6  # not the variance of the norms
         assert row["server/effective_lr"] == pytest.approx(LR / (1 - beta))
         model_bytes = 8 * sum(t.size for t in theta.values())
-        assert row["bytes_down"] == row["bytes_up"] == 2 * model_bytes  # comm (1, 1) per client
+        assert row["bytes_down"] == 2 * model_bytes and row["bytes_up"] == 4 * model_bytes  # comm (1, 2) per client
     assert sample_clients(N, 2, 0, 2) == [1, 3] and 0 in sample_clients(N, 2, 0, 3)  # the pattern described above
 
 
@@ -160,8 +164,29 @@ def test_checkpoint_resume_keeps_buffers(tmp_path):
         np.testing.assert_array_equal(got[k], want[k])
 
 
+def test_norms_variance_option_uploads_delta_only():
+    """``momentum_variance="norms"``: Var_S ‖v_k‖ from the averaged metrics, one model up; same trajectory."""
+    clients, theta = problem(num_clients=4)
+    rows, xs = {}, {}
+    for mode in ("vectors", "norms"):
+        loop = make_loop(fedlight.create("fedcm_client", beta=0.9, momentum_variance=mode), clients,
+                         linear_model(theta), local_steps=2, lr=LR, rounds=2, clients_per_round=2)
+        xs[mode] = run_rounds(loop, 2)
+        rows[mode] = loop.rows[-1]
+        norms = [norm(stored_v(loop, i)) for i in sample_clients(4, 2, 0, 1)]
+    for k in xs["vectors"]:
+        np.testing.assert_array_equal(xs["vectors"][k], xs["norms"][k])
+    assert rows["norms"]["server/momentum_variance"] == pytest.approx(np.var(norms), abs=1e-12)
+    assert rows["norms"]["bytes_up"] * 2 == rows["vectors"]["bytes_up"]
+
+
+def test_default_beta_is_in_the_pages_default_range():
+    assert 0.5 <= fedlight.create("fedcm_client").local.beta < 0.9
+
+
 @pytest.mark.parametrize("kw,arg", [({"beta": -0.1}, "beta"), ({"beta": 1.0}, "beta"),
-                                    ({"server_lr": 0.0}, "server_lr")])
+                                    ({"server_lr": 0.0}, "server_lr"),
+                                    ({"momentum_variance": "x"}, "momentum_variance")])
 def test_validation(kw, arg):
     with pytest.raises(ConfigError, match=f"`algorithm.{arg}`"):
         fedlight.create("fedcm_client", **kw)

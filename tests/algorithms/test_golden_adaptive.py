@@ -178,7 +178,7 @@ def block_ids(shapes, blocks, head_rows_groups=None):
 
 
 def fedadamw_ref(clients, theta, ids, *, alpha=0.5, lam=0.01, b1=0.9, b2=0.999, eps=1e-8, variant=2,
-                 aggregate_v=True, decoupled=True, clip=None, server_lr=1.0, sampled=None, key_map=None):
+                 aggregate_v=True, decoupled=True, clip=None, server_lr=1.0, sampled=None, key_map=None, cosine=False):
     key_map = key_map or {"weight": "weight", "bias": "bias"}
 
     def gradf(y, xi, yi):
@@ -211,7 +211,8 @@ def fedadamw_ref(clients, theta, ids, *, alpha=0.5, lam=0.01, b1=0.9, b2=0.999, 
                 d = lin((1, mth), (alpha, dG)) if variant == 2 else lin((alpha, mth), (1 - alpha, dG))
                 if decoupled:
                     d = lin((1, d), (lam, y))
-                y = lin((1, y), (-LR, d))
+                eta = 0.5 * LR * (1 + np.cos(np.pi * (k - 1) / K)) if cosine else LR  # in-round cosine, step k − 1
+                y = lin((1, y), (-eta, d))
             deltas.append(lin((1, y), (-1, x)))
             vbs.append({k: means(k, v[k]) for k in v})
         D = mean(deltas)
@@ -230,6 +231,7 @@ CASES = {
     "alpha0-coupled": ({"alpha": 0.0, "decoupled": False, "lam": 0.05}, {"alpha": 0.0, "decoupled": False,
                                                                         "lam": 0.05}),
     "no-aggregate-v": ({"aggregate_v": False}, {"aggregate_v": False}),
+    "local-cosine": ({"local_schedule": "cosine"}, {"cosine": True}),  # Δ_G still divides by K·η_r (line 18)
     "variant3": ({"variant": 3, "alpha": 0.7, "server_lr": 0.5},
                  {"variant": 3, "alpha": 0.7, "b1": 0.0, "lam": 0.0, "server_lr": 0.5}),
 }
@@ -383,7 +385,7 @@ def test_fedadamw_hessian_tiny_vit_runs():
     ("fedadamw", {"eps": 0.0}, "eps"), ("fedadamw", {"server_lr": 0.0}, "server_lr"),
     ("fedadamw", {"blocks": "rows"}, "blocks"), ("fedadamw", {"variant": 4}, "variant"),
     ("fedadamw", {"head_dim": 0}, "head_dim"), ("fedadamw", {"min_block_size": 0}, "min_block_size"),
-    ("fedadamw", {"max_blocks": 0}, "max_blocks"),
+    ("fedadamw", {"max_blocks": 0}, "max_blocks"), ("fedadamw", {"local_schedule": "linear"}, "local_schedule"),
 ])
 def test_validation(name, kw, arg):
     with pytest.raises(ConfigError, match=f"`algorithm.{arg}`"):

@@ -120,7 +120,7 @@ def test_fedacg():
 
 # ------------------------------------------------------------------------------------------------ FedWMSAM
 def wmsam_reference(clients, theta, rounds, alpha, rho, gamma, personalized=True, sam=True, adaptive=True,
-                    similarity="momentum", perturbation="deviation", per_round=None, seed=0):
+                    similarity="momentum", perturbation="paper", per_round=None, seed=0):
     N = len(clients)
     z = zeros_like(theta)
     x, M, c, ci, a = theta, dict(z), dict(z), [dict(z) for _ in clients], alpha
@@ -135,12 +135,9 @@ def wmsam_reference(clients, theta, rounds, alpha, rho, gamma, personalized=True
             for b in range(K3):
                 e = dict(z)
                 if sam and b > 0:
-                    if perturbation == "deviation":
-                        delta = lin((1, y), (-1, x), (b * LR, u))  # y_b − (x_r − bηu)
-                    elif perturbation == "released":
-                        delta = lin((1, y), (-1, x), (-b, u))  # y_b − (x_r + bu)
-                    else:
-                        delta = lin((-1, y), (1, x), (b, u))  # (x_r + bu) − y_b
+                    delta = lin((1, x), (b, u), (-1, y))  # δ_b = (x_r + b·u_i) − y_b  (Algorithm 1, lines 14–15)
+                    if perturbation == "released":
+                        delta = lin((-1, delta))  # the released code's sign: y_b − (x_r + b·u_i)
                     if norm(delta) > 0:
                         e = lin((rho / norm(delta), delta))
                         perturbed += 1
@@ -172,7 +169,8 @@ K3 = 3  # b = 1, 2 perturb
 WMSAM_CASES = {
     "paper": dict(kw={}, rounds=2, per_round=None),
     "partial_released_update": dict(kw=dict(similarity="update", perturbation="released"), rounds=3, per_round=2),
-    "poster_no_personalization": dict(kw=dict(perturbation="poster", personalized=False), rounds=2, per_round=None),
+    "released_no_personalization": dict(kw=dict(perturbation="released", personalized=False), rounds=2,
+                                        per_round=None),
     "no_sam_fixed_alpha": dict(kw=dict(sam=False, adaptive=False), rounds=2, per_round=None),
 }
 
@@ -219,6 +217,60 @@ def test_fedwmsam_round0_zero_momentum():
     loop.run_round(0)
     assert loop.server.alpha_hat == 0.0
     assert loop.server.alpha == pytest.approx(0.5 * 0.5 + 0.5 * 0.1)
+
+
+def _recorded_offsets(perturbation, rounds=3):
+    """Run FedWMSAM on the 3-client problem and record every non-zero offset with the point it perturbs."""
+    from fedlight.algorithms.fedwmsam import WMSAMPerturbation
+
+    seen, call = [], WMSAMPerturbation.__call__
+
+    def record(self, model, batch, ctx):
+        e, loss = call(self, model, batch, ctx)
+        if e is not None:
+            seen.append((ctx.round, np_params(ctx.params), np_params(e)))
+        return e, loss
+
+    clients, theta = problem()
+    loop = make_loop(fedlight.create("fedwmsam", alpha=0.5, gamma=0.5, rho=0.1, perturbation=perturbation), clients,
+                     linear_model(theta), local_steps=K3, lr=LR, rounds=rounds)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(WMSAMPerturbation, "__call__", record)
+        run_rounds(loop, rounds)
+    return clients, seen
+
+
+def test_fedwmsam_paper_offset_ascends_the_global_loss():
+    """The paper's e_b (Algorithm 1, line 15) points uphill on the global loss: ⟨e_b, ∇f(y_b)⟩ > 0 at every
+    perturbed step of rounds 1–2 (M ≠ 0), f the mean of the clients' losses; the released form is its exact
+    negative (a descent offset)."""
+    clients, paper = _recorded_offsets("paper")
+    _, released = _recorded_offsets("released")
+    assert len(paper) == len(released) == 3 * 3 * (K3 - 1)  # rounds × clients × (b = 1, 2)
+    for (r, y, e), (_, y_rel, e_rel) in zip(paper, released):
+        if r == 0:
+            continue  # M = 0: x̃_b − y_b is the client's own accumulated step
+        assert cos(e, mean([grad(y, xi, yi) for xi, yi in clients])) > 0.1  # uphill
+        assert cos(e_rel, mean([grad(y_rel, xi, yi) for xi, yi in clients])) < -0.1  # downhill
+        assert norm(e) == pytest.approx(0.1, abs=1e-12) and norm(e_rel) == pytest.approx(0.1, abs=1e-12)
+    r0 = [(y, e) for r, y, e in paper if r == 0]
+    assert r0 and all(norm(e) == pytest.approx(0.1, abs=1e-12) for _, e in r0)
+    # Same first offset in both runs (the trajectories part after it): released = −paper exactly.
+    assert_params_close(released[0][2], lin((-1, paper[0][2])), tol=1e-15)
+
+
+def test_fedwmsam_refuses_fp16(tmp_path):
+    from fedtest import image_clients
+
+    from fedlight.args import LoopConfig
+    from fedlight.data import TensorClients
+    from fedlight.models import MLP
+
+    assert fedlight.create("fedwmsam").local.needs_true_grad_norm
+    assert not fedlight.create("fedwmsam", sam=False).local.needs_true_grad_norm  # no offset, no refusal
+    with pytest.raises(ConfigError, match="16-mixed.*FedWMSAM|FedWMSAM.*16-mixed"):
+        fedlight.fit(MLP(), TensorClients(image_clients(), batch_size=4), fedlight.create("fedwmsam"),
+                     LoopConfig(clients_per_round=2), precision="16-mixed", out_dir=str(tmp_path))
 
 
 def _small():
@@ -275,6 +327,7 @@ def test_fedwmsam_checkpoint_resume_is_bitwise(tmp_path):
     ("fedwmsam", {"alpha": 1.0}, "alpha"), ("fedwmsam", {"alpha": 0.0}, "alpha"), ("fedwmsam", {"rho": -1}, "rho"),
     ("fedwmsam", {"gamma": 1.5}, "gamma"), ("fedwmsam", {"similarity": "cosine"}, "similarity"),
     ("fedwmsam", {"perturbation": "sam"}, "perturbation"), ("fedwmsam", {"server_lr": -1}, "server_lr"),
+    ("fedwmsam", {"perturbation": "deviation"}, "perturbation"),  # the old default is gone
 ])
 def test_validation(name, kw, arg):
     with pytest.raises(ConfigError, match=f"`algorithm.{arg}`"):
