@@ -25,7 +25,7 @@ from fedlight.args import LoopConfig
 from fedlight.fitting import Diverged, Fitting
 from fedlight.records import fault, to_device
 from fedlight.round_row import RoundRow, client_entries
-from fedlight.rules import Algorithm, ClientResult, RoundInfo, ServerRule
+from fedlight.rules import Algorithm, ClientResult, RoundInfo
 from fedlight.runners import ClientJob, TrainSetup, select_runner
 from fedlight.sampling import assign_clients, client_fails, client_generator, sample_clients
 from fedlight.state import ClientStateStore
@@ -108,7 +108,7 @@ class FederatedLoop(Fitting):
                            max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay, seed=seed)
         name = getattr(algorithm, "name", type(algorithm).__name__)
         self.runner, self.runner_reason = select_runner(cfg, setup, name)
-        self.custom_aggregate = type(self.server).aggregate is not ServerRule.aggregate
+        self.custom_aggregate = self.server.aggregates_itself()
 
     # ----------------------------------------------------------------------------------------- schedule
     def num_steps(self, client_id: int) -> int:

@@ -238,6 +238,10 @@ class ServerRule:
         metrics = {k: sum(float(r.metrics[k]) for r in results) / len(results) for k in results[0].metrics}
         return ClientResult(delta, int(sum(r.num_samples for r in results)), extras, metrics)
 
+    def aggregates_itself(self) -> bool:
+        """Whether this rule overrides :meth:`aggregate` (the loop then hands it every kept client result)."""
+        return type(self).aggregate is not ServerRule.aggregate
+
     def update(self, params: Params, agg: ClientResult, info: RoundInfo) -> Params:
         """``x ← x + η_g·Δ̄``."""
         return P.add(params, agg.delta, self.lr)

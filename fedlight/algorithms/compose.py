@@ -147,6 +147,12 @@ class ServerWrapper(ServerRule):
     def broadcast(self, params: Params, info: RoundInfo, client_id: int) -> Broadcast:
         return self.inner.broadcast(params, info, client_id)
 
+    def aggregate(self, results, weighting: str = "samples") -> ClientResult:
+        return self.inner.aggregate(results, weighting)
+
+    def aggregates_itself(self) -> bool:
+        return self.inner.aggregates_itself()
+
     def update(self, params: Params, agg: ClientResult, info: RoundInfo) -> Params:
         return self.inner.update(params, agg, info)
 

@@ -179,3 +179,22 @@ def test_stacked_resnet18_loss_traces_as_one_graph(norm):
     batch = (torch.randn(C, B, 3, 32, 32), torch.randint(0, 10, (C, B)))
     explained = torch._dynamo.explain(fwd._losses)(params, buffers, batch, cross_entropy)
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+
+
+def test_a_wrapped_server_rule_keeps_its_aggregate_override():
+    """A server wrapper (e.g. a momentum server around a robust one) must not hide the inner rule's aggregate."""
+    from robust_rules import MedianServer
+
+    from fedlight.algorithms.compose import ServerWrapper
+    from fedlight.rules import Algorithm
+
+    plain = make_loop(Algorithm(server=MedianServer()), image_clients(), tiny_cnn(), batch_size=4, local_steps=3,
+                      precision="32-true", clients_per_round=3)
+    wrapped = make_loop(Algorithm(server=ServerWrapper(MedianServer())), image_clients(), tiny_cnn(), batch_size=4,
+                        local_steps=3, precision="32-true", clients_per_round=3)
+    assert wrapped.custom_aggregate
+    for r in range(2):
+        plain.run_round(r)
+        wrapped.run_round(r)
+    for k in plain.x:
+        torch.testing.assert_close(wrapped.x[k], plain.x[k], rtol=0, atol=0, msg=k)
