@@ -130,7 +130,7 @@ class StackedContext(LocalContext):
 
     def loss(self, model: nn.Module, batch: Any) -> Tensor:
         """Per-client losses, shape ``[C]``."""
-        forward = self.forward if self.forward is not None else StackedForward(model, self.fabric)
+        forward = self.forward if self.forward is not None else StackedForward.shared(model, self.fabric)
         return forward(self.params, self.buffers, batch, self.objective)
 
 
