@@ -12,10 +12,10 @@ from torch import nn
 from fedlight.args import LoopConfig
 from fedlight.data import FederatedDataModule
 from fedlight.errors import ConfigError, check
-from fedlight.record import RUN_FILES, RunRecord
-from fedlight.records import load_checkpoint
 from fedlight.rules import Algorithm
-from fedlight.rundir import LOCK_NAME, check_out_dir, differences, settings_hash, split_settings
+from fedlight.run.directory import LOCK_NAME, check_out_dir, differences, settings_hash, split_settings
+from fedlight.run.files import load_checkpoint
+from fedlight.run.record import RUN_FILES, RunRecord
 from fedlight.spec import describe
 
 PRECISIONS = ("32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed")
@@ -54,7 +54,8 @@ def fit(
         precision: ``32-true`` (CPU default), ``bf16-mixed`` (GPU default), ``64-true``, ``bf16-true``, ``16-mixed``.
         resume: ``auto`` (continue from ``out_dir/checkpoints/last.ckpt`` when it exists) or a checkpoint path. A
             checkpoint whose defining settings differ from this run's is refused with the list of differences;
-            execution-only settings (devices, parallelism, checkpoint cadence, ...; see :mod:`fedlight.rundir`) may
+            execution-only settings (devices, parallelism, checkpoint cadence, ...; see
+            :mod:`fedlight.run.directory`) may
             change and are recorded per segment in ``summary.json``.
         overwrite: start over in an existing, non-empty run directory.
 
@@ -172,7 +173,7 @@ def _prepare(fabric, model, data, algorithm, loop, seed, out, ckpt, ckpt_path, d
     import torch
 
     from fedlight.loop import FederatedLoop
-    from fedlight.records import meta_differences
+    from fedlight.run.files import meta_differences
 
     data.input_dtype = torch.float64 if precision == "64-true" else torch.float32  # float64 data keeps its precision
     with fabric.rank_zero_first():

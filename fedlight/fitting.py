@@ -2,7 +2,7 @@
 :meth:`FederatedLoop.run_round <fedlight.loop.FederatedLoop.run_round>`.
 
 Kept apart from the round itself: the round plans, trains and reduces; this part decides when to evaluate and to
-checkpoint, and hands rows and checkpoint snapshots to the :class:`~fedlight.record.RunRecord`, which owns every
+checkpoint, and hands rows and checkpoint snapshots to the :class:`~fedlight.run.record.RunRecord`, which owns every
 file of the run directory.
 """
 
@@ -18,8 +18,7 @@ from torch import nn
 
 from fedlight import params as P
 from fedlight.errors import ConfigError
-from fedlight.record import RunRecord
-from fedlight.records import (
+from fedlight.run.files import (
     atomic_torch_save,
     cpu_copy,
     fault,
@@ -29,6 +28,7 @@ from fedlight.records import (
     summarize,
     to_device,
 )
+from fedlight.run.record import RunRecord
 
 
 class Diverged(RuntimeError):
@@ -115,7 +115,7 @@ class Fitting:
     # ----------------------------------------------------------------------------------------- fit
     def fit(self, record: RunRecord | None = None) -> dict[str, Any]:
         """Run the remaining rounds: train → evaluate → hand the row and (every ``save_every`` rounds) a checkpoint
-        snapshot to the run record, which writes them in the background (see :mod:`fedlight.record`)."""
+        snapshot to the run record, which writes them in the background (see :mod:`fedlight.run.record`)."""
         cfg, fabric = self.cfg, self.fabric
         own = record is None
         if own:

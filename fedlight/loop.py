@@ -23,9 +23,9 @@ from fedlight import params as P
 from fedlight.aggregate import Accumulator, Reduced
 from fedlight.args import LoopConfig
 from fedlight.fitting import Diverged, Fitting
-from fedlight.records import fault, to_device
-from fedlight.round_row import RoundRow, client_entries
 from fedlight.rules import Algorithm, ClientResult, RoundInfo
+from fedlight.run.files import fault, to_device
+from fedlight.run.round_row import RoundRow, client_entries
 from fedlight.runners import ClientJob, TrainSetup, select_runner
 from fedlight.sampling import assign_clients, client_fails, client_generator, sample_clients
 from fedlight.state import ClientStateStore

@@ -17,7 +17,7 @@ import yaml
 from fedlight.cli import main
 from fedlight.errors import ConfigError
 from fedlight.lab import report, reproduce
-from fedlight.records import rounds_to_target
+from fedlight.run.files import rounds_to_target
 
 ROOT = Path(__file__).resolve().parent.parent
 

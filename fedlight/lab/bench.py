@@ -348,7 +348,7 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
     memory and spills the rest. Compares the same rounds against an in-memory store holding only the states the
     measured rounds touch (same compute, no spill)."""
     from fedlight import params as P
-    from fedlight.records import atomic_torch_save
+    from fedlight.run.files import atomic_torch_save
     from fedlight.sampling import sample_clients
     from fedlight.state import ClientStateStore
 

@@ -456,7 +456,7 @@ def _out_dir(run: LoadedRun, out: str | Path | None) -> Path:
 
 def _tb_images(run_dir: Path, images: dict[str, Any], step: int, text: dict[str, str] | None = None,
                scalars: dict[str, float] | None = None) -> None:
-    from fedlight.logger import RunLogger
+    from fedlight.run.tensorboard import RunLogger
 
     logger = RunLogger(run_dir)
     try:

@@ -108,7 +108,7 @@ def metric_value(run: Path, metric: str) -> float | None:
     (None: not reached); seconds per round and final train loss from ``summary.json``."""
     check_metric(metric)
     if metric.startswith("rounds_to_target:"):
-        from fedlight.records import rounds_to_target
+        from fedlight.run.files import rounds_to_target
 
         return rounds_to_target(read_curve(run), target_fraction(metric))
     if metric.startswith("last_test_acc:"):
@@ -277,7 +277,7 @@ def cmd_report(argv: list[str]) -> int:
     p.add_argument("--out", default="runs/report", help="where report.md, report.csv and curves.png go")
     p.add_argument("--title", default="", help="plot title")
     args = p.parse_args(argv)
-    from fedlight.records import atomic_write_text
+    from fedlight.run.files import atomic_write_text
 
     runs = find_runs(args.runs)
     rows = run_rows(runs)
@@ -309,7 +309,7 @@ def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Pat
     """``fedlight reproduce``'s output: ``table.md``, ``table.csv`` and ``curves*.png`` (one figure per column that
     has its own runs, one line per row). ``cs``: the table's cells (``reproduce.Cell`` with their values filled);
     ``done``: (cell, run folder) of every finished run."""
-    from fedlight.records import atomic_write_text, git_revision
+    from fedlight.run.files import atomic_write_text, git_revision
 
     runs = [path for _, path in done]
     revs = sorted({str(((read_summary(r) or {}).get("versions") or {}).get("git_revision")) for r in runs})

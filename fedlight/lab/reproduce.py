@@ -218,7 +218,7 @@ def plan(spec, cs: list[Cell], seeds: list[int], out: Path, shrink: str | None,
 
 def run_one(run: Run, env: dict) -> str:
     """Run (or resume, or skip) one seed of one cell: 'done', 'diverged', 'skipped', 'failed' or 'conflict'."""
-    from fedlight.records import atomic_write_text
+    from fedlight.run.files import atomic_write_text
 
     if not run.valid():
         return "conflict"

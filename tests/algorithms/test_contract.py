@@ -12,8 +12,8 @@ from fedtest import contract_loop
 import fedlight
 from fedlight import params as P
 from fedlight.args import LoopConfig
-from fedlight.records import atomic_torch_save
 from fedlight.registry import get_algorithm
+from fedlight.run.files import atomic_torch_save
 
 ALGOS = fedlight.list_algorithms()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fedlight.rundir import RunLock
+from fedlight.run.directory import RunLock
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TINY = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")

@@ -38,7 +38,7 @@ def run(tmp_path_factory):
 
 
 def test_every_row_value_is_a_grouped_scalar(run):
-    from fedlight.logger import tag
+    from fedlight.run.tensorboard import tag
 
     ea, rows = run["ea"], run["rows"]
     scalars = set(ea.Tags()["scalars"])
@@ -97,7 +97,7 @@ def test_config_partition_and_layout(run):
 
 
 def test_histogram_image_both_styles():
-    from fedlight.logger import class_histogram_image
+    from fedlight.run.tensorboard import class_histogram_image
 
     rng = np.random.default_rng(0)
     bars = class_histogram_image(rng.integers(0, 30, (12, 4)))
@@ -108,7 +108,7 @@ def test_histogram_image_both_styles():
 
 def test_resumed_rounds_replace_the_interrupted_ones(tmp_path):
     """A resumed run re-logs the rounds after its checkpoint; TensorBoard keeps only the new values."""
-    from fedlight.logger import RunLogger
+    from fedlight.run.tensorboard import RunLogger
 
     first = RunLogger(tmp_path)
     for r in (1, 2, 3):

@@ -15,11 +15,11 @@ import torch
 from fedtest import image_clients, tiny_cnn
 
 import fedlight
-from fedlight import records
 from fedlight.args import LoopConfig
 from fedlight.data import Synthetic, TensorClients
-from fedlight.progress import Progress
-from fedlight.record import RunRecord
+from fedlight.run import files as records
+from fedlight.run.console import Progress
+from fedlight.run.record import RunRecord
 from fedlight.sampling import sample_clients
 
 ROOT = Path(__file__).resolve().parent.parent.parent

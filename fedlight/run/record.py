@@ -25,10 +25,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fedlight import records
 from fedlight.errors import ConfigError
-from fedlight.progress import Progress, RoundWatch
-from fedlight.rundir import RunLock
+from fedlight.run import files as records
+from fedlight.run.console import Progress, RoundWatch
+from fedlight.run.directory import RunLock
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "tb", "final_model.pt", "client_state")
 
@@ -122,7 +122,7 @@ class RunRecord:
             raise ConfigError(f"`out_dir` {self.out} cannot be written: {e.strerror or e}; choose another "
                               "`--out_dir`") from None
         if tensorboard:
-            from fedlight.logger import RunLogger
+            from fedlight.run.tensorboard import RunLogger
 
             self.logger = RunLogger(self.out)
             self.logger.log_config(config_text or "")
