@@ -7,24 +7,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch import LightningDataModule
 from torch import nn
 
 from fedlight.args import LoopConfig
-from fedlight.data import FederatedDataModule
+from fedlight.data import FederatedDataModule, as_federated
 from fedlight.errors import ConfigError, check
 from fedlight.rules import Algorithm
 from fedlight.run.directory import LOCK_NAME, check_out_dir, differences, settings_hash, split_settings
 from fedlight.run.files import load_checkpoint
 from fedlight.run.record import RUN_FILES, RunRecord
 from fedlight.spec import describe
+from fedlight.tasks import Task
 
 PRECISIONS = ("32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed")
 
 
 def fit(
     model: nn.Module,
-    data: FederatedDataModule,
+    data: FederatedDataModule | LightningDataModule,
     algorithm: Algorithm | None = None,
+    task: Task | None = None,
     loop: LoopConfig = LoopConfig(),  # noqa: B008 - a frozen-by-convention default; jsonargparse reads it
     seed: int = 0,
     out_dir: str | None = None,
@@ -39,11 +42,19 @@ def fit(
     """Train ``model`` federatedly with ``algorithm`` on ``data`` and write the run record to ``out_dir``.
 
     Args:
-        model: the network (a plain ``nn.Module``; e.g. ``fedlight.models.ResNet18``). From Python it may also be a
-            class-path spec ``{"class_path": "fedlight.models.MLP", "init_args": {...}}``: ``fit`` then builds it
-            after ``torch.manual_seed(seed)`` (as the CLI does) and records it whole in ``config.yaml``.
-        data: a federated data module: dataset + partition (e.g. ``fedlight.data.CIFAR10``).
+        model: the network: a plain ``nn.Module`` (e.g. ``fedlight.models.ResNet18``) or a ``LightningModule``, whose
+            ``training_step`` is then the client objective, ``test_step`` (else ``validation_step``) with
+            ``self.log`` the evaluation and ``configure_optimizers`` the local optimizer (unless the rule brings
+            its own). From Python it may also be a class-path spec ``{"class_path": ..., "init_args": {...}}``:
+            ``fit`` then builds it after ``torch.manual_seed(seed)`` (as the CLI does) and records it in
+            ``config.yaml``.
+        data: a federated data module: dataset + partition (e.g. ``fedlight.data.CIFAR10``), or a
+            ``LightningDataModule`` (wrapped in :class:`fedlight.data.DataModuleClients` with its defaults; wrap it
+            yourself to choose the clients and the partition).
         algorithm: the federated rule pair (e.g. ``fedlight.algorithms.FedNSAM``); default FedAvg.
+        task: what the model is trained and evaluated for (:mod:`fedlight.tasks`: ``Classification``,
+            ``Regression``, ``TextClassification``, ``LanguageModeling``); default: a LightningModule's own,
+            else the data module's (classification for fedlight's datasets).
         loop: rounds, sampling, local steps, optimizer, schedule, evaluation and checkpoint settings.
         seed: every random stream (sampling, data order, augmentation, init) derives from it.
         out_dir: run directory; default ``runs/<algorithm>_<model>_<data>_s<seed>-<hash>``, the hash taken over the
@@ -55,44 +66,53 @@ def fit(
         resume: ``auto`` (continue from ``out_dir/checkpoints/last.ckpt`` when it exists) or a checkpoint path. A
             checkpoint whose defining settings differ from this run's is refused with the list of differences;
             execution-only settings (devices, parallelism, checkpoint cadence, ...; see
-            :mod:`fedlight.run.directory`) may
-            change and are recorded per segment in ``summary.json``.
+            :mod:`fedlight.run.directory`) may change and are recorded per segment in ``summary.json``.
         overwrite: start over in an existing, non-empty run directory.
 
     Returns:
         The summary (also written to ``out_dir/summary.json``).
     """
-    from fedlight.advice import check_scales
-
     algorithm = algorithm if algorithm is not None else _default_algorithm()
-    check_scales(algorithm, loop)  # an adaptive rule at an SGD-scale lr warns before round 1
-    _check_args(data, loop, devices, num_nodes)
+    data = as_federated(data)
+    _check_args(algorithm, data, loop, devices, num_nodes)
     accelerator, precision = _resolve_device(accelerator, precision, algorithm)
-    model, text = _model_and_config(model, data, algorithm, loop, seed, precision, _config_text)
+    model, text = _model_and_config(model, data, algorithm, task, loop, seed, precision, _config_text)
     defining, execution = split_settings(_settings(text, precision))
     out = Path(out_dir) if out_dir else Path("runs") / f"{_default_name(algorithm, model, data, seed)}-" \
         f"{settings_hash(defining)}"
-    check_out_dir(out)
-    ckpt_path = _resolve_resume(resume, out)
-    ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else None
-    _check_existing(out, resume, overwrite)
+    ckpt_path, ckpt = _checkpoint(out, resume, overwrite)
     fabric = _fabric(accelerator, devices, num_nodes, precision)
     record = RunRecord(out, rank0=fabric.global_rank == 0, rounds=loop.rounds, progress=loop.progress,
                        hint=_lr_hint(algorithm, loop))
     _agree(fabric, record.acquire)
     refused = True
     try:
-        runner = _prepare(fabric, model, data, algorithm, loop, seed, out, ckpt, ckpt_path, defining, precision)
-        record.extra = {"settings": json.dumps(defining, default=str)}
-        record.segments = _segments(ckpt, runner.start_round if ckpt else 0, execution)
-        record.hparams = _hparams(algorithm, loop, seed)
-        if fabric.global_rank == 0:
-            print(f"fedlight: run directory {out}", file=sys.stderr, flush=True)
+        runner = _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_path, defining, precision)
+        _annotate(record, runner, ckpt, defining, execution, seed)
         refused = False
         record.open(text, data, overwrite=overwrite and ckpt is None, fresh=ckpt is None)
         return runner.fit(record)
     finally:
         record.close(refused=refused)
+
+
+def _checkpoint(out: Path, resume: str | None, overwrite: bool):
+    """The checkpoint a resume continues from (path and contents; ``None`` for a fresh run), after checking that
+    ``out`` may be used."""
+    check_out_dir(out)
+    ckpt_path = _resolve_resume(resume, out)
+    ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else None
+    _check_existing(out, resume, overwrite)
+    return ckpt_path, ckpt
+
+
+def _annotate(record: RunRecord, runner, ckpt, defining: dict[str, Any], execution: dict[str, Any], seed: int) -> None:
+    """What the run record adds to the summary: settings, segments, hyperparameters."""
+    record.extra = {"settings": json.dumps(defining, default=str)}
+    record.segments = _segments(ckpt, runner.start_round if ckpt else 0, execution)
+    record.hparams = _hparams(runner.algorithm, runner.cfg, seed)
+    if runner.fabric.global_rank == 0:
+        print(f"fedlight: run directory {record.out}", file=sys.stderr, flush=True)
 
 
 def _resolve_device(accelerator: str, precision: str | None, algorithm) -> tuple[str, str]:
@@ -109,7 +129,7 @@ def _resolve_device(accelerator: str, precision: str | None, algorithm) -> tuple
     return accelerator, precision
 
 
-def _model_and_config(model, data, algorithm, loop, seed, precision, text):
+def _model_and_config(model, data, algorithm, task, loop, seed, precision, text):
     """The model (built here, after seeding, when given as a class-path spec, as the CLI builds it) and the
     resolved config text (described from the objects for a Python-API run)."""
     spec = None
@@ -122,7 +142,7 @@ def _model_and_config(model, data, algorithm, loop, seed, precision, text):
         torch.manual_seed(seed)
         model = build(spec)
     if text is None:
-        text = _describe(model, data, algorithm, loop, seed, precision=precision, model_spec=spec)
+        text = _describe(model, data, algorithm, task, loop, seed, precision=precision, model_spec=spec)
         if spec is None and "init_args" not in describe(model):
             print(f"fedlight: note: config.yaml records the model {type(model).__name__} by class path only; pass "
                   "it to fit as a class-path spec ({'class_path': ..., 'init_args': {...}}) so landscape, sharpness "
@@ -143,7 +163,10 @@ def _fabric(accelerator: str, devices: int, num_nodes: int, precision: str):
     return fabric
 
 
-def _check_args(data, loop: LoopConfig, devices: int, num_nodes: int) -> None:
+def _check_args(algorithm, data, loop: LoopConfig, devices: int, num_nodes: int) -> None:
+    from fedlight.advice import check_scales
+
+    check_scales(algorithm, loop)  # an adaptive rule at an SGD-scale lr warns before round 1
     world = devices * num_nodes if isinstance(devices, int) and isinstance(num_nodes, int) else 1
     check(isinstance(devices, int) and devices > 0, f"`devices` must be a positive integer, got {devices!r}")
     check(isinstance(num_nodes, int) and num_nodes > 0, f"`num_nodes` must be a positive integer, got {num_nodes!r}")
@@ -168,30 +191,74 @@ def _agree(fabric, step) -> None:
         raise ConfigError(error)
 
 
-def _prepare(fabric, model, data, algorithm, loop, seed, out, ckpt, ckpt_path, defining, precision):
-    """Data, the loop and the resume checks: everything that may refuse the run, before any file is written."""
+def _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_path, defining, precision):
+    """Data, task, the loop, the probe of one batch and the resume checks: everything that may refuse the run,
+    before any file is written."""
     import torch
 
     from fedlight.loop import FederatedLoop
-    from fedlight.run.files import meta_differences
+    from fedlight.tasks import resolve_task
 
     data.input_dtype = torch.float64 if precision == "64-true" else torch.float32  # float64 data keeps its precision
     with fabric.rank_zero_first():
         data.setup(fabric.device, seed)
     check(loop.clients_per_round <= data.num_clients,
           f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({data.num_clients})")
-    runner = FederatedLoop(fabric, model, data, algorithm, loop, seed, out)
+    task = resolve_task(task, model, data)
+    task.setup(data)
+    loop, optimizer = _local_optimizer(fabric, model, task, algorithm, loop)
+    runner = FederatedLoop(fabric, model, data, algorithm, loop, seed, out, task=task, optimizer=optimizer)
+    runner.probe()  # one batch through model + task: a mismatch is refused before round 1
     runner.store.use_folder(out / "client_state" / f"rank{fabric.global_rank}")  # unchanged states: never rewritten
     if ckpt is not None:
-        problems = meta_differences(ckpt["meta"], runner.meta())
-        if not problems and ckpt.get("settings"):
-            problems = differences(json.loads(ckpt["settings"]), defining)
-        if problems:
-            raise ConfigError(f"`resume` checkpoint {ckpt_path} does not match this run: {'; '.join(problems)}. "
-                              "Resume with the settings it was trained with, or start a new run (another "
-                              "`--out_dir`, or `--overwrite true` without `--resume`)")
+        _check_resume(runner, ckpt, ckpt_path, defining)
         runner.load(ckpt)
     return runner
+
+
+def _check_resume(runner, ckpt, ckpt_path, defining) -> None:
+    from fedlight.run.files import meta_differences
+
+    problems = meta_differences(ckpt["meta"], runner.meta())
+    if not problems and ckpt.get("settings"):
+        problems = differences(json.loads(ckpt["settings"]), defining)
+    if problems:
+        raise ConfigError(f"`resume` checkpoint {ckpt_path} does not match this run: {'; '.join(problems)}. "
+                          "Resume with the settings it was trained with, or start a new run (another "
+                          "`--out_dir`, or `--overwrite true` without `--resume`)")
+
+
+def _local_optimizer(fabric, model, task, algorithm, loop):
+    """A LightningModule's ``configure_optimizers`` as the local optimizer (its lr is the schedule's base, its weight
+    decay the rules'), unless the rule prescribes its own; otherwise ``loop.optimizer``."""
+    import dataclasses
+    import functools
+
+    from fedlight.rules import LocalUpdateRule
+
+    own = getattr(task, "optimizer", None)
+    found = own(model) if own is not None else None
+    if found is None:
+        return loop, None
+    cls, group = found
+    name = type(model).__name__
+    if type(algorithm.local).make_optimizer is not LocalUpdateRule.make_optimizer:
+        fabric.print(f"fedlight: {type(algorithm).__name__} prescribes its own local optimizer; "
+                     f"{name}.configure_optimizers() is not used")
+        return loop, None
+    args = ", ".join(f"{k}={v}" for k, v in group.items() if isinstance(v, (int, float, str, bool, tuple)))
+    fabric.print(f"fedlight: local optimizer from {name}.configure_optimizers(): {cls.__name__}({args}); "
+                 "`loop.lr`, `loop.optimizer` and `loop.weight_decay` are not used")
+    loop = dataclasses.replace(loop, lr=float(group["lr"]), weight_decay=float(group.get("weight_decay", 0.0)),
+                               momentum=0.0)
+    hyper = {k: v for k, v in group.items() if k in _init_args(cls) and k != "lr"}
+    return loop, functools.partial(cls, **hyper)
+
+
+def _init_args(cls) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
 
 
 def _segments(ckpt, start_round: int, execution: dict[str, Any]) -> list[dict[str, Any]]:
@@ -261,7 +328,7 @@ def _check_existing(out: Path, resume: str | None, overwrite: bool) -> None:
         raise ConfigError(f"`overwrite` refuses to clear {out}: it does not look like a fedlight run directory")
 
 
-def _describe(model, data, algorithm, loop, seed, precision=None, model_spec=None) -> str:
+def _describe(model, data, algorithm, task, loop, seed, precision=None, model_spec=None) -> str:
     """The resolved recipe of a Python-API run: class paths with the constructor arguments that can be recovered."""
     import dataclasses
 
@@ -271,6 +338,7 @@ def _describe(model, data, algorithm, loop, seed, precision=None, model_spec=Non
 
     return yaml.safe_dump({"seed": seed, "precision": precision, "model": model_spec or describe(model),
                            "data": describe(data), "algorithm": describe(algorithm),
+                           **({"task": describe(task)} if task is not None else {}),
                            "loop": dataclasses.asdict(loop)}, sort_keys=False)
 
 

@@ -224,15 +224,16 @@ def cmd_fit(argv: list[str]) -> int:
 
 
 def _print_summary(s: dict) -> None:
-    def pct(v):
-        return "-" if v is None else f"{100 * v:.2f}%"
+    from fedlight.run.files import format_metric
 
-    rows = [("rounds", s["rounds_completed"]), ("final test acc", pct(s["final_test_acc"])),
-            ("best test acc", f"{pct(s['best_test_acc'])} (round {s['best_round']})"),
+    key = s.get("headline", {}).get("metric", "test_acc")
+    name = key.removeprefix("test_").replace("_", " ")
+    rows = [("rounds", s["rounds_completed"]), (f"final test {name}", format_metric(key, s.get(f"final_{key}"))),
+            (f"best test {name}", f"{format_metric(key, s.get(f'best_{key}'))} (round {s['best_round']})"),
             ("seconds / round", f"{s['seconds_per_round']:.3f}" if s["seconds_per_round"] else "-"),
             ("MB down / up", f"{s['bytes_down'] / 1e6:.1f} / {s['bytes_up'] / 1e6:.1f}"),
             ("wall time (s)", f"{s['wall_time_s']:.1f}")]
-    rows += [(f"rounds to {100 * float(t):g}%", v if v is not None else "not reached")
+    rows += [(f"rounds to {format_metric(key, float(t))}", v if v is not None else "not reached")
              for t, v in s["rounds_to_target"].items()]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

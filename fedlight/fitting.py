@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from fedlight import params as P
 from fedlight.errors import ConfigError
@@ -43,28 +42,22 @@ class Fitting:
     """The round-to-round half of :class:`~fedlight.loop.FederatedLoop` (a mixin over its attributes)."""
 
     # ----------------------------------------------------------------------------------------- evaluation
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Accuracy and loss of the global model on the test set (batches strided over ranks)."""
-        from torchmetrics import MeanMetric
-        from torchmetrics.classification import MulticlassAccuracy
-
+        """The task's test metrics of the global model (test batches strided over ranks)."""
         P.copy_(self.live, self.x)
         P.copy_(self.live_buffers, self.buffers)
-        self.model.eval()
-        acc = MulticlassAccuracy(num_classes=self.data.num_classes, average="micro").to(self.device)
-        loss = MeanMetric().to(self.device)
-        precision = self.fabric.strategy.precision
-        for j, (xb, yb) in enumerate(self.data.test_batches()):
-            if j % self.fabric.world_size != self.fabric.global_rank:
-                continue
-            with precision.forward_context():
-                logits = self.model(precision.convert_input(xb))
-            fault("eval", self._round_done + 1)
-            loss.update(nn.functional.cross_entropy(logits.float(), yb, reduction="sum") / len(yb), len(yb))
-            acc.update(logits.float(), yb)
-        self.model.train()
-        return {"test_acc": float(acc.compute()), "test_loss": float(loss.compute())}
+        ws, rank = self.fabric.world_size, self.fabric.global_rank
+        mine = (b for j, b in enumerate(self.data.test_batches())
+                if j % ws == rank and not fault("eval", self._round_done + 1))
+        return self.task.evaluate(self.model, mine, self.fabric)
+
+    def probe(self) -> None:
+        """One training batch (client 0) and one test batch through model + task, changing nothing: a model that
+        does not fit the data or the task is refused here, before round 1, with the fix."""
+        gen = torch.Generator().manual_seed(self.seed)
+        train = next(iter(self.data.client_batches(0, 1, gen)))
+        test = next(iter(self.data.test_batches()), train)
+        self.task.probe(self.model, train, test, self.data, self.fabric)
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def checkpoint_state(self, rounds_done: int) -> dict[str, Any]:
@@ -122,6 +115,7 @@ class Fitting:
             record = RunRecord(self.out_dir, rank0=fabric.global_rank == 0, rounds=cfg.rounds, progress=cfg.progress)
             record.open(None, tensorboard=False, fresh=False)
         try:
+            record.progress.key = self.task.headline_key
             record.begin(self.start_round, self._last_row)
             fabric.print(f"fedlight: client runner: {self.runner.name} ({self.runner_reason})")
             t_fit, wall0 = time.perf_counter(), self.totals["wall_time_s"]
@@ -165,7 +159,8 @@ class Fitting:
     def finish(self, record: RunRecord) -> dict[str, Any]:
         """Write final_model.pt and summary.json from the global model and the record's rows."""
         record.flush()
-        summary = summarize(record.rows, self.cfg.targets, self.totals)
+        summary = summarize(record.rows, self.cfg.targets, self.totals,
+                            (self.task.headline_key, self.task.higher_is_better))
         if self.diverged_at is not None:
             summary["diverged_at_round"] = self.diverged_at
         summary["client_runner"] = f"{self.runner.name} ({self.runner_reason})"

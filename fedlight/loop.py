@@ -27,8 +27,10 @@ from fedlight.rules import Algorithm, ClientResult, RoundInfo
 from fedlight.run.files import fault, to_device
 from fedlight.run.round_row import RoundRow, client_entries
 from fedlight.runners import ClientJob, TrainSetup, select_runner
+from fedlight.runners.base import OptimizerFactory
 from fedlight.sampling import assign_clients, client_fails, client_generator, sample_clients
 from fedlight.state import ClientStateStore
+from fedlight.tasks import Classification, Task
 
 
 @dataclass
@@ -66,16 +68,19 @@ class FederatedLoop(Fitting):
     Args:
         fabric: a launched ``lightning.Fabric``.
         model: the one model instance reused by every client (converted and moved here).
-        data: a :class:`~fedlight.data.FederatedDataModule` (``setup`` is called here).
+        data: a :class:`~fedlight.data.FederatedDataModule`, already ``setup``.
         algorithm: the rule pair.
         cfg: loop settings.
         seed: the run seed; every random stream derives from it.
         out_dir: the run directory.
+        task: the :class:`~fedlight.tasks.Task` (objective and evaluation); default classification.
+        optimizer: the local optimizer factory, replacing ``cfg.optimizer``'s (a LightningModule's own).
     """
 
     def __init__(self, fabric, model: nn.Module, data, algorithm: Algorithm, cfg: LoopConfig, seed: int,
-                 out_dir: Path) -> None:
+                 out_dir: Path, task: Task | None = None, optimizer: OptimizerFactory | None = None) -> None:
         self.fabric, self.data, self.algorithm, self.cfg, self.seed = fabric, data, algorithm, cfg, seed
+        self.task = task if task is not None else Classification(data.num_classes)
         self.out_dir = Path(out_dir)
         self.device = fabric.device
         self.model = fabric.strategy.precision.convert_module(model).to(self.device)
@@ -104,7 +109,8 @@ class FederatedLoop(Fitting):
         self.diverged_at: int | None = None
         self._round_done = 0
         self.totals = {"bytes_up": 0, "bytes_down": 0, "wall_time_s": 0.0}
-        setup = TrainSetup(model=self.model, local=self.local, fabric=fabric, optimizer=cfg.optimizer_factory(),
+        setup = TrainSetup(model=self.model, local=self.local, fabric=fabric,
+                           optimizer=optimizer or cfg.optimizer_factory(), task=self.task,
                            max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay, seed=seed)
         name = getattr(algorithm, "name", type(algorithm).__name__)
         self.runner, self.runner_reason = select_runner(cfg, setup, name)

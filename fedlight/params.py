@@ -34,6 +34,11 @@ def stacked() -> Iterator[None]:
         _per_client_mode.reset(token)
 
 
+def in_stacked() -> bool:
+    """Whether the current code runs inside :func:`stacked` (tensors carry a client dimension)."""
+    return _per_client_mode.get()
+
+
 def _per_client(s: Tensor, like: Tensor) -> Tensor:
     """A per-client ``[C]`` factor shaped to broadcast against a stacked ``[C, ...]`` tensor."""
     return s.reshape(-1, *([1] * (like.dim() - 1)))

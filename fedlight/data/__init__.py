@@ -2,7 +2,8 @@
 
 from fedlight.data.augment import CropFlip
 from fedlight.data.base import FederatedDataModule
-from fedlight.data.partition import IID, Dirichlet, Partitioner, Pathological
+from fedlight.data.mapstyle import DataModuleClients, DatasetClients, as_federated
+from fedlight.data.partition import IID, Dirichlet, Partitioner, Pathological, QuantitySkew
 from fedlight.data.synthetic import Synthetic, TensorClients
 from fedlight.data.vision import CIFAR10, CIFAR100, FashionMNIST, ImageFolder, OfficeHome, TinyImageNet
 
@@ -15,8 +16,10 @@ DATASETS = (
     "OfficeHome",
     "Synthetic",
     "TensorClients",
+    "DatasetClients",
+    "DataModuleClients",
 )
-PARTITIONERS = ("IID", "Dirichlet", "Pathological")
+PARTITIONERS = ("IID", "Dirichlet", "Pathological", "QuantitySkew")
 
 __all__ = [
     "CIFAR10",
@@ -25,6 +28,8 @@ __all__ = [
     "IID",
     "PARTITIONERS",
     "CropFlip",
+    "DataModuleClients",
+    "DatasetClients",
     "Dirichlet",
     "FashionMNIST",
     "FederatedDataModule",
@@ -32,7 +37,9 @@ __all__ = [
     "OfficeHome",
     "Partitioner",
     "Pathological",
+    "QuantitySkew",
     "Synthetic",
     "TensorClients",
     "TinyImageNet",
+    "as_federated",
 ]

@@ -159,7 +159,8 @@ class FederatedDataModule:
         train_x, train_y = self._load(True, self.subset, seeded(seed, SUBSET_TRAIN_TAG))
         test_x, test_y = self._load(False, self.test_subset, seeded(seed, SUBSET_TEST_TAG))
         self._check_enough(len(train_y))
-        parts = partition_cached(self.partition, train_y.numpy(), self.num_clients, seed)
+        parts = partition_cached(self.partition, partition_labels(self.partition, train_y, self), self.num_clients,
+                                 seed)
         return train_x, train_y, test_x, test_y, parts
 
     def _partition_desc(self) -> str:
@@ -189,14 +190,15 @@ class FederatedDataModule:
                     f"client {i} of {self.num_clients} got no training samples from {self._partition_desc()}; use "
                     "fewer `data.num_clients`, a larger `data.subset`, or a less skewed partition (larger `alpha`)"
                 )
-        if self._num_classes is None:
+        classes = is_class_labels(train_y)
+        if self._num_classes is None and classes:
             self._num_classes = int(max(train_y.max().item(), test_y.max().item() if len(test_y) else 0)) + 1
         if self._input_shape is None:
             self._input_shape = tuple(train_x.shape[1:])
-        self._labels = train_y.numpy().astype(np.int64)
+        self._labels = train_y.numpy().astype(np.int64) if classes else None
         self._parts = [np.asarray(p, dtype=np.int64) for p in parts]
-        self._train_x, self._train_y = train_x.to(device), train_y.to(device=device, dtype=torch.int64)
-        self._test_x, self._test_y = test_x.to(device), test_y.to(device=device, dtype=torch.int64)
+        self._train_x, self._train_y = train_x.to(device), label_tensor(train_y).to(device)
+        self._test_x, self._test_y = test_x.to(device), label_tensor(test_y).to(device)
         self._client_idx = [torch.from_numpy(p).to(device) for p in self._parts]
         self._scale = self._shift = None
         if self.mean is not None and self.std is not None:
@@ -212,11 +214,18 @@ class FederatedDataModule:
 
     # ------------------------------------------------------------------ properties
     @property
-    def num_classes(self) -> int:
-        """Number of classes (known after :meth:`setup` for folder datasets)."""
+    def num_classes(self) -> int | None:
+        """Number of classes (known after :meth:`setup` for folder datasets); ``None`` for targets that are not
+        class labels (regression, per-token targets)."""
         if self._num_classes is None:
             self._require_setup()
-        return int(self._num_classes)
+        return None if self._num_classes is None else int(self._num_classes)
+
+    def default_task(self):
+        """The task a run on this data module trains for unless told otherwise: classification."""
+        from fedlight.tasks import Classification
+
+        return Classification()
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -255,8 +264,11 @@ class FederatedDataModule:
     float64 data keeps its precision."""
 
     def to_input(self, x: Tensor) -> Tensor:
-        """Model input (``input_dtype``) from stored samples: uint8 images are normalised, features only cast."""
+        """Model input from stored samples: uint8 images are normalised, floating features cast to ``input_dtype``,
+        integer inputs (token ids) kept as they are."""
         if self._scale is None:
+            if x.dtype != torch.uint8 and not x.dtype.is_floating_point:
+                return x
             x = x if x.dtype == self.input_dtype else x.to(self.input_dtype)
         else:
             x = x.to(self.input_dtype) * self._scale.to(self.input_dtype) + self._shift.to(self.input_dtype)
@@ -312,8 +324,11 @@ class FederatedDataModule:
 
     # ------------------------------------------------------------------ reports
     def class_histogram(self) -> np.ndarray:
-        """``[num_clients, num_classes]`` counts of each class per client."""
+        """``[num_clients, num_classes]`` counts of each class per client (``[num_clients, 1]`` sizes when the
+        targets are not class labels)."""
         self._require_setup()
+        if self._labels is None:
+            return np.array([[len(p)] for p in self._parts], dtype=np.int64)
         return np.stack([np.bincount(self._labels[p], minlength=self.num_classes) for p in self._parts])
 
     def partition_report(self, max_rows: int | None = 20) -> str:
@@ -349,6 +364,28 @@ class FederatedDataModule:
             f"min {present.min()} / mean {present.mean():.1f} / max {present.max()}"
         )
         return "\n".join(lines)
+
+
+def is_class_labels(y: Tensor) -> bool:
+    """Whether ``y`` holds one integer class label per sample."""
+    return y.dim() == 1 and not y.dtype.is_floating_point and not y.dtype.is_complex
+
+
+def label_tensor(y: Tensor) -> Tensor:
+    """Targets as stored: integer targets as int64 (what losses index with), floating targets unchanged."""
+    return y if y.dtype.is_floating_point else y.to(torch.int64)
+
+
+def partition_labels(partition: Partitioner, y: Tensor, data) -> np.ndarray:
+    """What the partitioner splits: the class labels, or (for a partitioner that needs none) one 0 per sample;
+    a label partition of targets that are not class labels is refused."""
+    if is_class_labels(y):
+        return y.numpy().astype(np.int64)
+    if getattr(partition, "needs_labels", True):
+        raise ConfigError(f"`data.partition` {partition!r} splits by class label, but {type(data).__name__}'s "
+                          f"targets are not class labels ({y.dtype}, shape {tuple(y.shape)}); use IID() or "
+                          "QuantitySkew(alpha) for regression or token data")
+    return np.zeros(len(y), dtype=np.int64)
 
 
 def _step_bounds(n: int, bs: int, num_steps: int) -> list[tuple[int, int]]:

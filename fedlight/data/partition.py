@@ -20,6 +20,9 @@ PARTITION_TAG = 0x9A27  # SeedSequence([seed, PARTITION_TAG]) seeds every partit
 class Partitioner:
     """Base class: ``__call__(labels, num_clients, rng) -> list of sorted index arrays``."""
 
+    needs_labels: bool = True
+    """Whether the split reads class labels (a data set without them is refused before training)."""
+
     def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
         """Split the indices ``0..len(labels)-1`` over ``num_clients`` clients."""
         raise NotImplementedError
@@ -54,8 +57,34 @@ def _dirichlet(alpha: float, k: int, rows: int, rng: np.random.Generator) -> np.
 class IID(Partitioner):
     """Shuffle and split into equal parts (sizes differ by at most one)."""
 
+    needs_labels = False
+
     def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
         return [np.sort(part) for part in np.array_split(rng.permutation(len(labels)), num_clients)]
+
+
+class QuantitySkew(Partitioner):
+    """IID samples, unequal client sizes: the shares ``q ~ Dir(alpha·1_N)`` of a shuffled train set, each client
+    given at least one sample (label-free, so it suits regression and token data too).
+
+    Args:
+        alpha: concentration; small values give very unequal sizes, large ones nearly equal.
+    """
+
+    needs_labels = False
+
+    def __init__(self, alpha: float):
+        if not alpha > 0:
+            raise ConfigError(f"`data.partition.alpha` must be positive, got {alpha!r}")
+        self.alpha = float(alpha)
+
+    def __call__(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        n = len(labels)
+        q = rng.dirichlet(np.full(num_clients, self.alpha))
+        sizes = 1 + np.floor(q * (n - num_clients)).astype(np.int64)
+        sizes[np.argsort(-q, kind="stable")[: n - int(sizes.sum())]] += 1  # hand out the rounding remainder
+        cuts = np.cumsum(sizes)[:-1]
+        return [np.sort(part) for part in np.split(rng.permutation(n), cuts)]
 
 
 class Dirichlet(Partitioner):

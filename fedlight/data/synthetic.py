@@ -148,8 +148,9 @@ class Synthetic(FederatedDataModule):
 class TensorClients(FederatedDataModule):
     """Bring your own data: one ``(x, y)`` pair of tensors per client, plus an optional global test set.
 
-    Inputs are passed through as float32 (no normalisation, no augmentation); labels must be integer class
-    indices. Without ``test``, :meth:`test_batches` yields nothing.
+    Floating inputs are passed through as float32 (no normalisation, no augmentation), integer inputs (token ids)
+    as they are; targets keep their dtype: integer class labels, float regression targets of any shape, or per-token
+    int64 targets (pass the matching ``task``). Without ``test``, :meth:`test_batches` yields nothing.
 
     Args:
         clients: One ``(inputs [n_i, ...], labels [n_i])`` pair per client; every client needs >= 1 sample.
@@ -171,11 +172,9 @@ class TensorClients(FederatedDataModule):
             raise ConfigError("`clients` must be a non-empty list of (inputs, labels) tensor pairs")
         for i, (x, y) in enumerate(list(clients) + ([test] if test is not None else [])):
             name = f"client {i}" if i < len(clients) else "test"
-            if len(x) != len(y) or y.dim() != 1 or y.is_floating_point():
-                raise ConfigError(
-                    f"{name}: labels must be a 1-D integer tensor as long as the inputs "
-                    f"(got inputs {tuple(x.shape)}, labels {tuple(y.shape)} {y.dtype})"
-                )
+            if len(x) != len(y):
+                raise ConfigError(f"{name}: targets must have one entry per input "
+                                  f"(got inputs {tuple(x.shape)}, targets {tuple(y.shape)})")
         positive_int("num_classes", num_classes, optional=True)
         super().__init__(num_clients=len(clients), batch_size=batch_size, eval_batch_size=eval_batch_size)
         self.clients, self.test = list(clients), test
@@ -187,11 +186,11 @@ class TensorClients(FederatedDataModule):
 
     def _build(self, seed: int) -> tuple[Tensor, Tensor, Tensor, Tensor, list[np.ndarray]]:
         x = torch.cat([cx.detach().cpu() for cx, _ in self.clients])
-        y = torch.cat([cy.detach().cpu().long() for _, cy in self.clients])
+        y = torch.cat([cy.detach().cpu() for _, cy in self.clients])
         bounds = np.cumsum([len(cy) for _, cy in self.clients])
         parts = np.split(np.arange(bounds[-1]), bounds[:-1])
         if self.test is None:
             tx, ty = x[:0], y[:0]
         else:
-            tx, ty = self.test[0].detach().cpu(), self.test[1].detach().cpu().long()
+            tx, ty = self.test[0].detach().cpu(), self.test[1].detach().cpu()
         return x, y, tx, ty, parts

@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Any
 
+from fedlight.run.files import format_metric
+
 LINE_SECONDS = 30.0
 """Without a terminal, a line at least this often (in seconds) whatever the cadence."""
 
@@ -36,6 +38,8 @@ class Progress:
         self.times: list[float] = []
         self.last_line = 0.0
         self.acc: float | None = None
+        self.key = "test_acc"
+        """The headline metric shown (the task's ``test_<headline>``)."""
 
     @property
     def out(self):
@@ -43,7 +47,7 @@ class Progress:
 
     def start(self, start_round: int, rows: list[dict[str, Any]]) -> None:
         self.start_round = start_round
-        self.acc = next((r["test_acc"] for r in reversed(rows) if r.get("test_acc") is not None), None)
+        self.acc = next((r[self.key] for r in reversed(rows) if r.get(self.key) is not None), None)
         self.last_line = time.monotonic()
         if self.enabled and self.out.isatty():
             from tqdm.auto import tqdm
@@ -59,11 +63,11 @@ class Progress:
             return
         r = int(row["round"])
         self.times.append(float(row.get("round_time_s") or 0.0) + float(row.get("eval_time_s") or 0.0))
-        if row.get("test_acc") is not None:
-            self.acc = row["test_acc"]
+        if row.get(self.key) is not None:
+            self.acc = row[self.key]
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(test_acc=self.acc, s_per_round=round(self.times[-1], 3))
+            self.bar.set_postfix({self.key: format_metric(self.key, self.acc), "s_per_round": round(self.times[-1], 3)})
             return
         now = time.monotonic()
         due = r == self.start_round + 1 or r == self.rounds or r % self.every == 0 or now - self.last_line >= \
@@ -76,10 +80,10 @@ class Progress:
         r = int(row["round"])
         recent = self.times[-20:]
         spr = sum(recent) / len(recent) if recent else 0.0
-        acc = "-" if self.acc is None else f"{100 * self.acc:.2f}%"
+        acc = format_metric(self.key, self.acc)
         loss = row.get("train_loss")
         loss = "-" if loss is None else f"{loss:.4g}"
-        return (f"round {r}/{self.rounds}  test_acc {acc}  train_loss {loss}  {spr:.3f} s/round  "
+        return (f"round {r}/{self.rounds}  {self.key} {acc}  train_loss {loss}  {spr:.3f} s/round  "
                 f"ETA {_fmt_time(spr * (self.rounds - r))}")
 
     def close(self) -> None:

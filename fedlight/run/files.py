@@ -169,30 +169,53 @@ def append_line(path: Path, line: str) -> None:
         os.fsync(f.fileno())
 
 
-def rounds_to_target(rows: list[dict[str, Any]], target: float, key: str = "test_acc") -> int | None:
-    """First round whose ``key`` reaches ``target`` (rounds are 1-based counts of completed rounds)."""
+def reached(value: float, target: float, higher_is_better: bool) -> bool:
+    return value >= target if higher_is_better else value <= target
+
+
+def rounds_to_target(rows: list[dict[str, Any]], target: float, key: str = "test_acc",
+                     higher_is_better: bool = True) -> int | None:
+    """First round whose ``key`` reaches ``target`` (at least it, or at most it for a lower-is-better metric;
+    rounds are 1-based counts of completed rounds)."""
     for r in rows:
-        if r.get(key) is not None and r[key] >= target:
+        if r.get(key) is not None and reached(r[key], target, higher_is_better):
             return int(r["round"])
     return None
 
 
-def summarize(rows: list[dict[str, Any]], targets: list[float], totals: dict[str, Any]) -> dict[str, Any]:
-    evals = [r for r in rows if r.get("test_acc") is not None]
-    best = max(evals, key=lambda r: r["test_acc"]) if evals else None
+def summarize(rows: list[dict[str, Any]], targets: list[float], totals: dict[str, Any],
+              headline: tuple[str, bool] = ("test_acc", True)) -> dict[str, Any]:
+    """The run's summary: final and best of the headline metric ``(key, higher_is_better)``, the final value of
+    every other test metric, rounds to each target, seconds per round, totals, versions."""
+    key, higher = headline
+    evals = [r for r in rows if r.get(key) is not None]
+    pick = max if higher else min
+    best = pick(evals, key=lambda r: r[key]) if evals else None
+    last = evals[-1] if evals else {}
     times = [r["round_time_s"] for r in rows if "round_time_s" in r]
     return {
-        "final_test_acc": evals[-1]["test_acc"] if evals else None,
-        "final_test_loss": evals[-1]["test_loss"] if evals else None,
-        "best_test_acc": best["test_acc"] if best else None,
+        "headline": {"metric": key, "higher_is_better": higher},
+        f"final_{key}": last.get(key),
+        **{f"final_{k}": v for k, v in last.items() if k.startswith("test_") and k != key},
+        f"best_{key}": best[key] if best else None,
         "best_round": best["round"] if best else None,
         "rounds_completed": rows[-1]["round"] if rows else 0,
-        "rounds_to_target": {str(t): rounds_to_target(rows, t) for t in targets},
+        "rounds_to_target": {str(t): rounds_to_target(rows, t, key, higher) for t in targets},
         "final_train_loss": rows[-1].get("train_loss") if rows else None,
         "seconds_per_round": sum(times) / len(times) if times else None,
         **totals,
         "versions": versions(),
     }
+
+
+def format_metric(key: str, value: float | None) -> str:
+    """A metric for people: accuracies and F1 as percentages, everything else to 4 significant digits."""
+    if value is None:
+        return "-"
+    name = key.removeprefix("final_").removeprefix("best_").removeprefix("test_")
+    if name.endswith("acc") or name in ("f1", "accuracy"):
+        return f"{100 * value:.2f}%"
+    return f"{value:.4g}"
 
 
 def git_revision() -> str | None:

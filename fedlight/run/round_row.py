@@ -72,7 +72,7 @@ class RoundRow:
 
     def as_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in vars(self).items() if k not in ("rule", "server") and v is not None}
-        out.update({f"rule/{k}": v for k, v in self.rule.items()})
+        out.update({k if "/" in k else f"rule/{k}": v for k, v in self.rule.items()})  # "train/..": a task's logs
         out.update({f"server/{k}": v for k, v in self.server.items()})
         return out
 

@@ -39,7 +39,11 @@ SUMMARY_KEYS = ("final_test_acc", "best_test_acc", "final_test_loss", "final_tra
 
 
 def tag(key: str) -> str:
-    return TAGS.get(key, key if "/" in key else f"train/{key}")
+    if key in TAGS:
+        return TAGS[key]
+    if key.startswith("test_"):  # every task metric: test_mse -> test/mse
+        return f"test/{key[len('test_'):]}"
+    return key if "/" in key else f"train/{key}"
 
 
 def _number(v: Any) -> float | None:
@@ -226,7 +230,8 @@ class RunLogger:
 
         step = int(summary.get("rounds_completed") or 0)
         metrics: dict[str, float] = {}
-        for k in SUMMARY_KEYS:
+        keys = [*SUMMARY_KEYS, *(k for k in summary if k.startswith(("final_test_", "best_test_")))]
+        for k in dict.fromkeys(keys):
             x = _number(summary.get(k))
             if x is not None and math.isfinite(x):
                 metrics[f"summary/{k}"] = x

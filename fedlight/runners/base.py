@@ -36,6 +36,9 @@ class TrainSetup:
     max_grad_norm: float | None
     weight_decay: float
     seed: int
+    task: Any = None
+    """The run's :class:`~fedlight.tasks.Task`: its client objective becomes ``ctx.objective``; ``None`` keeps
+    the context's default (cross-entropy)."""
 
     @property
     def device(self) -> torch.device:
@@ -98,9 +101,12 @@ def context(setup: TrainSetup, job: ClientJob, info: RoundInfo, params: Params, 
             cls: type[LocalContext] = LocalContext, **extra: Any) -> LocalContext:
     """The rule's :class:`LocalContext` for ``job`` (``cls``/``extra``: the stacked variant and its fields)."""
     optimizer = setup.local.make_optimizer(list(params.values()), info.lr, setup.optimizer)
-    return cls(broadcast=job.broadcast, optimizer=optimizer, lr=info.lr, num_steps=job.num_steps, params=params,
-               client_id=job.client_id, round=info.round, state=state, max_grad_norm=setup.max_grad_norm,
-               fabric=setup.fabric, weight_decay=setup.weight_decay, **extra)
+    ctx = cls(broadcast=job.broadcast, optimizer=optimizer, lr=info.lr, num_steps=job.num_steps, params=params,
+              client_id=job.client_id, round=info.round, state=state, max_grad_norm=setup.max_grad_norm,
+              fabric=setup.fabric, weight_decay=setup.weight_decay, **extra)
+    if setup.task is not None:
+        ctx.objective = setup.task.client_objective(ctx)
+    return ctx
 
 
 def outcome(job: ClientJob, result: ClientResult, ctx_metrics: dict[str, Any], loss_sum: Tensor, state: dict,

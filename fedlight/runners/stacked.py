@@ -28,6 +28,7 @@ import torch
 from lightning.fabric.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
+from torch.nn.utils.stateless import _reparametrize_module
 
 from fedlight import params as P
 from fedlight.errors import ConfigError
@@ -51,9 +52,22 @@ class _Bound:
 
     def __init__(self, model: nn.Module, params: Params, buffers: Params) -> None:
         self.model, self.params, self.buffers = model, params, buffers
+        self._fedlight_module = model  # what a task reads to reach the module behind the binding
 
     def __call__(self, *args, **kwargs):
         return functional_call(self.model, (self.params, self.buffers), args, kwargs)
+
+    def __getattr__(self, name: str):
+        """Any other method of the model (a LightningModule's ``training_step``) runs with this client's tensors."""
+        attr = getattr(self.model, name)
+        if not callable(attr):
+            return attr
+
+        def bound(*args, **kwargs):
+            with _reparametrize_module(self.model, {**self.params, **self.buffers}):
+                return attr(*args, **kwargs)
+
+        return bound
 
 
 class StackedForward:
@@ -140,6 +154,8 @@ def stack_tree(items: Sequence[Any], what: str) -> Any:
     first = items[0]
     if isinstance(first, Tensor):
         return torch.stack(list(items))
+    if isinstance(first, (tuple, list)):
+        return type(first)(stack_tree([it[j] for it in items], f"{what}[{j}]") for j in range(len(first)))
     if isinstance(first, dict):
         keys = list(first)
         if any(list(it) != keys for it in items):
@@ -217,7 +233,7 @@ class StackedRunner:
         with P.stacked():
             s.local.start(s.model, ctx)
             for batches in zip(*streams):
-                batch = tuple(torch.stack(parts) for parts in zip(*batches))
+                batch = stack_tree(batches, "batch")
                 loss_sum.add_(s.local.step(s.model, batch, ctx))
             result = s.local.finish(s.model, ctx)
         return [self._slice(job, i, C, result, ctx, loss_sum, stacked_buffers) for i, job in enumerate(jobs)]

@@ -1,0 +1,166 @@
+"""The task seam: what a batch is, what a client minimises, how the global model is evaluated.
+
+A :class:`Task` is the third replaceable part of a run, next to the data module and the rule pair. Rules never see
+it: the loop hands its objective to every client as ``ctx.objective``, so a rule keeps calling
+``ctx.loss(model, batch)`` whatever the task. Evaluation (the test metrics of a round, and which of them is the
+run's *headline*, with its direction) belongs to the task too.
+
+Metrics are written to ``metrics.jsonl`` as ``test_<name>`` (``test_acc``, ``test_loss``, ``test_mse`` ...); the
+headline metric ``test_<headline>`` is the one the console line, ``summary.json`` (final / best / rounds to target),
+``fedlight report`` and table specs use by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from fedlight.errors import ConfigError
+
+
+class Task:
+    """Base class. Subclasses implement :meth:`objective`, :meth:`metrics` and :meth:`update`.
+
+    Attributes:
+        headline: the name of the run's headline metric (without ``test_``), e.g. ``"acc"``.
+        higher_is_better: the headline's direction (accuracy: higher; loss, MSE, perplexity: lower).
+    """
+
+    headline: str = "loss"
+    higher_is_better: bool = False
+
+    def setup(self, data: Any) -> None:
+        """Learn what the task needs from the data module after its ``setup`` (e.g. the number of classes)."""
+
+    # ----------------------------------------------------------------------------------------- training
+    def objective(self, model: nn.Module, batch: Any) -> Tensor:
+        """The client's mean training loss on ``batch`` (a 0-dim tensor)."""
+        raise NotImplementedError
+
+    def client_objective(self, ctx: Any) -> Callable[[nn.Module, Any], Tensor]:
+        """The ``ctx.objective`` of one client's round. Default: :meth:`objective` itself (one object for the
+        whole run, so compiled stacked code is reused); a task that needs the step index or per-client logs
+        (a LightningModule's ``training_step``) returns a closure over ``ctx``."""
+        fn = self.__dict__.get("_objective")
+        if fn is None:
+            fn = self.__dict__["_objective"] = self.objective
+        return fn
+
+    # ----------------------------------------------------------------------------------------- evaluation
+    def metrics(self) -> dict[str, Any]:
+        """Fresh ``torchmetrics`` objects, one per reported name (without ``test_``); must include the headline."""
+        raise NotImplementedError
+
+    def update(self, metrics: dict[str, Any], model: nn.Module, batch: Any, forward: Callable) -> None:
+        """Add one test batch to ``metrics``; ``forward(model, *args, **kwargs)`` runs the model under the
+        precision plugin."""
+        raise NotImplementedError
+
+    def metric_names(self) -> tuple[str, ...]:
+        """The ``test_*`` keys this task reports."""
+        return tuple(f"test_{k}" for k in self.metrics())
+
+    @property
+    def headline_key(self) -> str:
+        return f"test_{self.headline}"
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, batches: Iterable[Any], fabric: Any = None) -> dict[str, float]:
+        """The test metrics of ``model`` over ``batches`` (torchmetrics reduce across processes in ``compute``)."""
+        device = next(iter(model.parameters())).device
+        metrics = {k: m.to(device) for k, m in self.metrics().items()}
+        forward = _forward(fabric)
+        was_training = model.training
+        model.eval()
+        try:
+            for batch in batches:
+                self.update(metrics, model, batch, forward)
+        finally:
+            model.train(was_training)
+        return {f"test_{k}": float(m.compute()) for k, m in metrics.items()}
+
+    # ----------------------------------------------------------------------------------------- checks
+    def check(self, model: nn.Module, data: Any) -> None:
+        """Refuse, before any training, a model/data pair this task cannot work with (e.g. too few outputs)."""
+
+    def probe(self, model: nn.Module, train_batch: Any, test_batch: Any, data: Any, fabric: Any = None) -> None:
+        """Run one training and one test batch through model + task (eval mode, no grad: nothing changes) and
+        raise :class:`ConfigError` naming the fix when they do not fit together."""
+        self.check(model, data)
+        forward = _forward(fabric)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                loss = _guard("the training objective", lambda: self._probe_loss(model, train_batch, fabric))
+                if not isinstance(loss, Tensor) or loss.dim() != 0 or not loss.dtype.is_floating_point:
+                    raise ConfigError(f"{type(self).__name__}: the training objective must be a scalar loss tensor, "
+                                      f"got {_describe(loss)}; return the batch mean")
+                metrics = {k: m.to(loss.device) for k, m in self.metrics().items()}
+                _guard("evaluation", lambda: self.update(metrics, model, test_batch, forward))
+        finally:
+            model.train(was_training)
+        if self.headline not in metrics:
+            raise ConfigError(f"{type(self).__name__}: the headline metric {self.headline!r} is not among the "
+                              f"metrics the task reports ({', '.join(metrics) or 'none'})")
+
+    def _probe_loss(self, model, batch, fabric):
+        if fabric is None:
+            return self.objective(model, batch)
+        precision = fabric.strategy.precision
+        with precision.forward_context():
+            return self.objective(model, precision.convert_input(batch))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _forward(fabric: Any) -> Callable:
+    """``forward(model, *args, **kwargs)``: the model under the precision plugin (inputs converted)."""
+    precision = None if fabric is None else fabric.strategy.precision
+
+    def forward(model, *args, **kwargs):
+        if precision is None:
+            return model(*args, **kwargs)
+        args, kwargs = precision.convert_input((args, kwargs))
+        with precision.forward_context():
+            return model(*args, **kwargs)
+
+    return forward
+
+
+def _guard(what: str, fn: Callable) -> Any:
+    """Run ``fn``; a shape, dtype or index error becomes a :class:`ConfigError` naming ``what`` failed."""
+    try:
+        return fn()
+    except ConfigError:
+        raise
+    except (RuntimeError, ValueError, IndexError, TypeError, KeyError, AttributeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"model, data and task do not fit together: {what} failed on the first batch "
+                          f"({type(e).__name__}: {first}). Check the model's input/output size against the data "
+                          "(e.g. `--model.init_args.num_classes`) and the task (`--task`)") from None
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return f"a {type(value).__name__}"
+
+
+def outputs(out: Any) -> Tensor:
+    """The prediction tensor of a model's output: the tensor itself, ``out.logits`` (Hugging Face) or
+    ``out["logits"]``."""
+    if isinstance(out, Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, dict):
+        logits = out.get("logits")
+    if logits is None:
+        raise TypeError(f"cannot find the predictions in a model output of type {type(out).__name__}; return a "
+                        "tensor or an object with `.logits`")
+    return logits
+
