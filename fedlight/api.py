@@ -27,7 +27,6 @@ def fit(
     model: nn.Module,
     data: FederatedDataModule | LightningDataModule,
     algorithm: Algorithm | None = None,
-    task: Task | None = None,
     loop: LoopConfig = LoopConfig(),  # noqa: B008 - a frozen-by-convention default; jsonargparse reads it
     seed: int = 0,
     out_dir: str | None = None,
@@ -37,6 +36,7 @@ def fit(
     precision: str | None = None,
     resume: str | None = None,
     overwrite: bool = False,
+    task: Task | None = None,
     _config_text: str | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` federatedly with ``algorithm`` on ``data`` and write the run record to ``out_dir``.
@@ -52,9 +52,6 @@ def fit(
             ``LightningDataModule`` (wrapped in :class:`fedlight.data.DataModuleClients` with its defaults; wrap it
             yourself to choose the clients and the partition).
         algorithm: the federated rule pair (e.g. ``fedlight.algorithms.FedNSAM``); default FedAvg.
-        task: what the model is trained and evaluated for (:mod:`fedlight.tasks`: ``Classification``,
-            ``Regression``, ``TextClassification``, ``LanguageModeling``); default: a LightningModule's own,
-            else the data module's (classification for fedlight's datasets).
         loop: rounds, sampling, local steps, optimizer, schedule, evaluation and checkpoint settings.
         seed: every random stream (sampling, data order, augmentation, init) derives from it.
         out_dir: run directory; default ``runs/<algorithm>_<model>_<data>_s<seed>-<hash>``, the hash taken over the
@@ -68,6 +65,9 @@ def fit(
             execution-only settings (devices, parallelism, checkpoint cadence, ...; see
             :mod:`fedlight.run.directory`) may change and are recorded per segment in ``summary.json``.
         overwrite: start over in an existing, non-empty run directory.
+        task: what the model is trained and evaluated for (:mod:`fedlight.tasks`: ``Classification``,
+            ``Regression``, ``TextClassification``, ``LanguageModeling``); default: a LightningModule's own,
+            else the data module's (classification for fedlight's datasets).
 
     Returns:
         The summary (also written to ``out_dir/summary.json``).

@@ -49,6 +49,7 @@ def listing(what: str = "all") -> str:
         "models": lambda: "\n".join(f"fedlight.models.{n}" for n in _names("fedlight.models", "MODELS")),
         "datasets": lambda: "\n".join(f"fedlight.data.{n}" for n in _names("fedlight.data", "DATASETS")),
         "partitioners": lambda: "\n".join(f"fedlight.data.{n}" for n in _names("fedlight.data", "PARTITIONERS")),
+        "tasks": lambda: "\n".join(f"fedlight.tasks.{n}" for n in _names("fedlight.tasks", "TASKS")),
         "recipes": lambda: "\n".join(str(p.relative_to(RECIPES.parent)) for p in recipe_paths()),
     }
     if what == "all":

@@ -18,7 +18,7 @@ from fedlight.errors import ConfigError
 # name -> ("module:function", one help line). Resolved on use, so `fedlight ls` imports no research tooling.
 COMMANDS: dict[str, tuple[str, str]] = {
     "fit": ("fedlight.cli:cmd_fit", "train one recipe:  fedlight fit --config recipes/X.yaml [--loop.rounds 3 ...]"),
-    "ls": ("fedlight.cli:cmd_ls", "list algorithms, models, datasets, partitioners and recipes"),
+    "ls": ("fedlight.cli:cmd_ls", "list algorithms, models, datasets, partitioners, tasks and recipes"),
     "partition": ("fedlight.cli:cmd_partition", "print per-client sizes and class histograms of a recipe's split"),
     "reproduce": ("fedlight.lab.reproduce:cmd_reproduce", "run a paper table: fedlight reproduce TABLE.yaml"),
     "report": ("fedlight.lab.report:cmd_report", "compare finished runs (table + curves.png): fedlight report RUN..."),
@@ -54,10 +54,11 @@ A recipe is a YAML file of these keys; every key is also a flag (--loop.rounds 3
   algorithm:                      default FedAvg                list them: fedlight ls algorithms
     class_path: fedlight.algorithms.FedSAM                      its arguments: fedlight fit --algorithm.help fedsam
     init_args: {rho: 0.05}
+  task: Classification            default: the model's (a LightningModule) or the data's   fedlight ls tasks
   loop: {rounds: 100, clients_per_round: 10, local_steps: 5, lr: 0.1}             every loop key: below
   seed, out_dir, accelerator, devices, num_nodes, precision, resume, overwrite:   below
 
---model, --data and --algorithm also take a class name or (algorithms) a registry name: --algorithm fedsam.
+--model, --data, --task and --algorithm also take a class name or (algorithms) a registry name: --algorithm fedsam.
 Recipes to start from: fedlight ls recipes."""
 
 

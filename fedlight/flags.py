@@ -22,6 +22,7 @@ GROUPS: dict[str, tuple[str, str, str]] = {
     "model": ("fedlight.models", "models", "MODELS"),
     "data": ("fedlight.data", "datasets", "DATASETS"),
     "data.partition": ("fedlight.data", "partitioners", "PARTITIONERS"),
+    "task": ("fedlight.tasks", "tasks", "TASKS"),
 }
 SPECIAL = ("help", "class_path", "init_args", "dict_kwargs")
 

@@ -4,6 +4,7 @@ from fedlight.data.augment import CropFlip
 from fedlight.data.base import FederatedDataModule
 from fedlight.data.mapstyle import DataModuleClients, DatasetClients, as_federated
 from fedlight.data.partition import IID, Dirichlet, Partitioner, Pathological, QuantitySkew
+from fedlight.data.procedural import MarkovText, SyntheticRegression
 from fedlight.data.synthetic import Synthetic, TensorClients
 from fedlight.data.vision import CIFAR10, CIFAR100, FashionMNIST, ImageFolder, OfficeHome, TinyImageNet
 
@@ -16,6 +17,8 @@ DATASETS = (
     "OfficeHome",
     "Synthetic",
     "TensorClients",
+    "SyntheticRegression",
+    "MarkovText",
     "DatasetClients",
     "DataModuleClients",
 )
@@ -26,6 +29,7 @@ __all__ = [
     "CIFAR100",
     "DATASETS",
     "IID",
+    "MarkovText",
     "PARTITIONERS",
     "CropFlip",
     "DataModuleClients",
@@ -39,6 +43,7 @@ __all__ = [
     "Pathological",
     "QuantitySkew",
     "Synthetic",
+    "SyntheticRegression",
     "TensorClients",
     "TinyImageNet",
     "as_federated",

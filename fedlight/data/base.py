@@ -238,7 +238,7 @@ class FederatedDataModule:
     def num_train(self) -> int:
         """Number of training samples after ``subset``."""
         self._require_setup()
-        return len(self._labels)
+        return len(self._train_y)
 
     @property
     def num_test(self) -> int:
@@ -359,7 +359,7 @@ class FederatedDataModule:
         present = (hist > 0).sum(1)
         unique = len(np.unique(np.concatenate(self._parts)))
         lines.append(
-            f"total {int(sizes.sum())} samples ({unique} distinct of {len(self._labels)}); client size "
+            f"total {int(sizes.sum())} samples ({unique} distinct of {self.num_train}); client size "
             f"min {sizes.min()} / median {int(np.median(sizes))} / max {sizes.max()}; classes per client "
             f"min {present.min()} / mean {present.mean():.1f} / max {present.max()}"
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fedlight.models.cnn import MLP, VGG11, LeNet5, SmallCNN
+from fedlight.models.gpt import TinyGPT
 from fedlight.models.resnet import ResNet, ResNet18, ResNet34, ResNet50
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ MODELS: tuple[str, ...] = (
     "ResNet50",
     "ViTTiny",
     "Timm",
+    "TinyGPT",
 )
 """Names of the models a recipe can use (``fedlight ls``)."""
 
@@ -41,6 +43,7 @@ __all__ = [
     "ResNet50",
     "SmallCNN",
     "Timm",
+    "TinyGPT",
     "VGG11",
     "ViTTiny",
 ]
