@@ -236,16 +236,15 @@ def _local_optimizer(fabric, model, task, algorithm, loop):
 
     from fedlight.rules import LocalUpdateRule
 
-    own = getattr(task, "optimizer", None)
-    found = own(model) if own is not None else None
-    if found is None:
+    optimizer = getattr(task, "optimizer", None)
+    if optimizer is None or not task.has_optimizer(model):
         return loop, None
-    cls, group = found
     name = type(model).__name__
     if type(algorithm.local).make_optimizer is not LocalUpdateRule.make_optimizer:
         fabric.print(f"fedlight: {type(algorithm).__name__} prescribes its own local optimizer; "
                      f"{name}.configure_optimizers() is not used")
         return loop, None
+    cls, group = optimizer(model)
     args = ", ".join(f"{k}={v}" for k, v in group.items() if isinstance(v, (int, float, str, bool, tuple)))
     fabric.print(f"fedlight: local optimizer from {name}.configure_optimizers(): {cls.__name__}({args}); "
                  "`loop.lr`, `loop.optimizer` and `loop.weight_decay` are not used")

@@ -143,13 +143,14 @@ class LightningTask(Task):
             raise ConfigError(f"`task.headline` {self.headline!r} is not logged by {name}'s test_step (it logs "
                               f"{', '.join(self.names)})")
 
-    def optimizer(self, model: nn.Module) -> tuple[type, dict[str, Any]] | None:
-        """The class and hyperparameters (first param group, ``lr`` included) of ``configure_optimizers()``; None
-        when the module does not define it."""
+    @staticmethod
+    def has_optimizer(model: nn.Module) -> bool:
         from lightning.pytorch import LightningModule
 
-        if type(model).configure_optimizers is LightningModule.configure_optimizers:
-            return None
+        return type(model).configure_optimizers is not LightningModule.configure_optimizers
+
+    def optimizer(self, model: nn.Module) -> tuple[type, dict[str, Any]]:
+        """The class and hyperparameters (first param group, ``lr`` included) of ``configure_optimizers()``."""
         opt = model.configure_optimizers()
         if isinstance(opt, dict):
             opt = opt.get("optimizer")
@@ -204,7 +205,7 @@ def _reduce(logs: dict[str, tuple[Any, int | None]], batch: Any, sums: dict, obj
             continue
         value = torch.as_tensor(value).detach().double()
         if name not in sums:
-            sums[name] = MeanMetric().to(value.device).double()
+            sums[name] = MeanMetric().to(value.device).set_dtype(torch.float64)
         sums[name].update(value, float(bs if bs is not None else _batch_size(batch)))
 
 

@@ -1,0 +1,148 @@
+"""A LightningModule and a LightningDataModule federated as they are: their training_step, test_step and
+configure_optimizers are provably the ones used (call counts; numbers equal a hand-written Fabric loop in 64-true)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import lightning as L
+import pytest
+import torch
+from lit import BlobsDataModule, LitMLP
+
+import fedlight
+from fedlight import params as P
+from fedlight.args import LoopConfig
+from fedlight.data import DataModuleClients, Dirichlet
+from fedlight.errors import ConfigError
+from fedlight.sampling import client_generator, sample_clients
+
+N, S, K, R = 6, 3, 4, 3
+
+
+def _data():
+    return DataModuleClients(BlobsDataModule(), num_clients=N, partition=Dirichlet(0.5))
+
+
+def _cfg(**kw):
+    return LoopConfig(rounds=R, clients_per_round=S, local_steps=K, max_grad_norm=None, progress=False, **kw)
+
+
+def _fit(tmp_path, model, name="run", **kw):
+    return fedlight.fit(model, _data(), loop=_cfg(**kw.pop("loop", {})), precision="64-true",
+                        out_dir=str(tmp_path / name), **kw)
+
+
+def _by_hand(model: LitMLP, data) -> dict[str, torch.Tensor]:
+    """FedAvg written out with Fabric: the module's own optimizer and training_step over the same batches."""
+    fabric = L.Fabric(accelerator="cpu", precision="64-true")
+    model = fabric.strategy.precision.convert_module(model)
+    data.input_dtype = torch.float64
+    data.setup("cpu", 0)
+    x = {k: v.detach().clone() for k, v in model.named_parameters()}
+    for r in range(R):
+        deltas, weights = [], []
+        for c in sample_clients(N, S, 0, r):
+            with torch.no_grad():
+                for k, p in model.named_parameters():
+                    p.copy_(x[k])
+            opt = torch.optim.SGD(model.parameters(), lr=model.lr, momentum=model.momentum)
+            for k, batch in enumerate(data.client_batches(c, K, client_generator(0, r, c))):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # self.log without a Trainer: not what is tested here
+                    loss = model.training_step(batch, k)["loss"]
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            deltas.append({k: p.detach() - x[k] for k, p in model.named_parameters()})
+            weights.append(data.num_samples(c))
+        total = sum(weights)
+        x = {k: x[k] + sum(w / total * d[k] for w, d in zip(weights, deltas)) for k in x}
+    return x
+
+
+def test_training_step_optimizer_and_test_step_are_the_ones_used(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = LitMLP()
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = _fit(tmp_path, model)
+    assert not [w for w in caught if "log" in str(w.message)]  # no Lightning warning about a missing Trainer
+    # call counts: probe (1) + K steps × S clients × R rounds; configure_optimizers once; test_step per test batch
+    # (3 batches of 20) per round + the probe's one
+    assert model.calls == {"training_step": 1 + K * S * R, "configure_optimizers": 1, "test_step": 1 + 3 * R}
+    assert model.batch_indices[1:] == list(range(K)) * S * R  # batch_idx is the client's local step
+    err = "".join(capsys.readouterr())
+    assert "local optimizer from LitMLP.configure_optimizers(): SGD(lr=0.2, momentum=0.5" in err
+
+    torch.manual_seed(0)
+    twin = LitMLP()
+    twin.load_state_dict(init)
+    want = _by_hand(twin, _data())
+    got = torch.load(tmp_path / "run" / "final_model.pt", weights_only=True)
+    for k, v in want.items():
+        torch.testing.assert_close(got[k], v, rtol=0, atol=1e-10)
+
+    # evaluation: what test_step logs, reduced over the whole test set (accuracy object computed once)
+    twin.load_state_dict({**got}, strict=False)
+    data = _data()
+    data.setup("cpu", 0)
+    xs, ys = zip(*data.test_batches())
+    with torch.no_grad():
+        logits = twin.net.double()(torch.cat(xs).double())
+    y = torch.cat(ys)
+    acc = float((logits.argmax(-1) == y).double().mean())
+    loss = float(torch.nn.functional.cross_entropy(logits, y))
+    assert summary["headline"] == {"metric": "test_acc", "higher_is_better": True}
+    assert summary["final_test_acc"] == pytest.approx(acc, abs=1e-7)  # torchmetrics keeps float32
+    assert summary["final_test_loss"] == pytest.approx(loss, abs=1e-9)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert 0 <= rows[-1]["train/train_acc"] <= 1  # self.log in training_step: a per-client training metric
+
+
+def test_a_rule_with_its_own_optimizer_keeps_it_and_says_so(tmp_path, capsys):
+    model = LitMLP()
+    _fit(tmp_path, model, algorithm=fedlight.create("local_adamw"), loop={"lr": 1e-3, "weight_decay": 0.0})
+    assert model.calls["configure_optimizers"] == 0
+    assert "LocalAdamW prescribes its own local optimizer; LitMLP.configure_optimizers() is not used" in \
+        "".join(capsys.readouterr())
+
+
+def test_stacked_equals_sequential_for_a_lightning_module(tmp_path):
+    finals = {}
+    for mode in ("sequential", "vmap"):
+        torch.manual_seed(0)
+        _fit(tmp_path, LitMLP(), name=mode, algorithm=fedlight.create("scaffold"),
+             loop={"client_parallelism": mode})
+        finals[mode] = torch.load(tmp_path / mode / "final_model.pt", weights_only=True)
+    for k in finals["sequential"]:
+        torch.testing.assert_close(finals["vmap"][k], finals["sequential"][k], rtol=0, atol=1e-10)
+
+
+def test_a_lightning_datamodule_is_used_as_it_is(tmp_path):
+    dm = BlobsDataModule()
+    torch.manual_seed(0)
+    a = fedlight.fit(LitMLP(), dm, loop=_cfg(), out_dir=str(tmp_path / "a"))
+    assert dm.stages[:2] == ["prepare", "fit"] and "test" in dm.stages
+    assert dm.collated > K * S * R  # every client batch went through the datamodule's own collate
+    torch.manual_seed(0)
+    b = fedlight.fit(LitMLP(), BlobsDataModule(), loop=_cfg(), out_dir=str(tmp_path / "b"))
+    assert a["final_test_acc"] == b["final_test_acc"] and a["final_train_loss"] == b["final_train_loss"]
+
+
+@pytest.mark.parametrize("problem, match", [
+    ("no_training_step", "has no training_step"),
+    ("per_sample_loss", "must return a scalar loss"),
+    ("logs_nothing", "logs nothing"),
+])
+def test_bad_lightning_modules_are_refused_before_round_1(tmp_path, problem, match):
+    model = LitMLP(per_sample_loss=problem == "per_sample_loss")
+    if problem == "no_training_step":
+        model = type("NoStep", (LitMLP,), {"training_step": L.pytorch.LightningModule.training_step})()
+    if problem == "logs_nothing":
+        model = type("Silent", (LitMLP,), {"test_step": lambda self, batch, i: None})()
+    with pytest.raises(ConfigError, match=match):
+        _fit(tmp_path, model)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
