@@ -27,7 +27,7 @@ class Classification(Task):
         self.num_classes = num_classes
 
     def setup(self, data: Any) -> None:
-        if self.num_classes is None:
+        if self.num_classes is None and getattr(data, "num_classes", None) is not None:
             self.num_classes = int(data.num_classes)
 
     def objective(self, model: nn.Module, batch: Any) -> Tensor:

@@ -34,7 +34,7 @@ class TextClassification(Task):
         self.higher_is_better = headline != "loss"
 
     def setup(self, data: Any) -> None:
-        if self.num_classes is None:
+        if self.num_classes is None and getattr(data, "num_classes", None) is not None:
             self.num_classes = int(data.num_classes)
 
     def objective(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
@@ -62,7 +62,13 @@ class TextClassification(Task):
         metrics["mcc"].update(logits.argmax(-1), y)
         metrics["f1"].update(logits.argmax(-1) if self.num_classes == 2 else logits, y)
 
+    def check(self, model: nn.Module, data: Any) -> None:
+        if self.num_classes is None or self.num_classes < 2:
+            raise ConfigError(f"TextClassification needs the number of labels (>= 2), got {self.num_classes}; set "
+                              "`--task.init_args.num_classes` or give the data module a `num_classes`")
+
     def probe(self, model, train_batch, test_batch, data, fabric=None) -> None:
+        self.check(model, data)
         for name, batch in (("training", train_batch), ("test", test_batch)):
             if not isinstance(batch, dict) or "labels" not in batch or "input_ids" not in batch:
                 got = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
