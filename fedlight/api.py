@@ -206,6 +206,7 @@ def _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_p
           f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({data.num_clients})")
     task = resolve_task(task, model, data)
     task.setup(data)
+    _check_targets(task, loop)
     loop, optimizer = _local_optimizer(fabric, model, task, algorithm, loop)
     runner = FederatedLoop(fabric, model, data, algorithm, loop, seed, out, task=task, optimizer=optimizer)
     runner.probe()  # one batch through model + task: a mismatch is refused before round 1
@@ -214,6 +215,14 @@ def _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_p
         _check_resume(runner, ckpt, ckpt_path, defining)
         runner.load(ckpt)
     return runner
+
+
+def _check_targets(task, loop) -> None:
+    from fedlight.run.files import is_fraction
+
+    if is_fraction(task.headline_key):
+        check(all(0 < t <= 1 for t in loop.targets), f"`loop.targets` are values of {task.headline_key}, a fraction: "
+              f"they must be in (0, 1], got {loop.targets} (write 0.7 for 70 %)")
 
 
 def _check_resume(runner, ckpt, ckpt_path, defining) -> None:

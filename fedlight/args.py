@@ -94,7 +94,8 @@ class LoopConfig:
     save_every: int = 1
     """Write checkpoints/last.ckpt every this many rounds (and after the last)."""
     targets: list[float] = field(default_factory=list)
-    """Test accuracies for rounds-to-target in summary.json, e.g. [0.55]."""
+    """Values of the headline test metric for rounds-to-target in summary.json, e.g. [0.55] (accuracy: reached at
+    or above; a lower-is-better metric such as MSE or perplexity: reached at or below)."""
     state_device: Literal["cpu", "device"] = "cpu"
     """Where per-client state lives between rounds."""
     state_budget_mb: float | None = None
@@ -161,4 +162,5 @@ class LoopConfig:
         check(self.vmap_chunk is None or (isinstance(self.vmap_chunk, int) and self.vmap_chunk > 0),
               f"`loop.vmap_chunk` must be a positive integer or null, got {self.vmap_chunk!r}")
         check(0 <= self.client_dropout < 1, f"`loop.client_dropout` must be in [0, 1), got {self.client_dropout}")
-        check(all(0 < t <= 1 for t in self.targets), f"`loop.targets` must be accuracies in (0, 1], got {self.targets}")
+        check(all(isinstance(t, (int, float)) and math.isfinite(t) for t in self.targets),
+              f"`loop.targets` must be numbers (values of the headline test metric), got {self.targets}")

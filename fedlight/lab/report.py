@@ -22,8 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from fedlight.errors import ConfigError, check
+from fedlight.run.files import is_fraction
 
 METRICS = ("final_test_acc", "best_test_acc", "seconds_per_round", "final_train_loss")
+"""The classic metrics; any task metric also works as ``final_test_<m>``, ``best_test_<m>`` or ``last_test_<m>:<k>``
+(``test_<m>`` a key of ``metrics.jsonl``, e.g. ``final_test_mse``, ``last_test_perplexity:10``)."""
+TASK_METRIC = re.compile(r"^(final|best)_(test_\w+)$|^last_(test_\w+):(\d+)$")
 
 
 def find_runs(paths: list[str | Path]) -> list[Path]:
@@ -71,7 +75,7 @@ def finished(run: Path) -> bool:
 
 
 def target_fraction(metric: str) -> float:
-    """``rounds_to_target:0.7`` (or ``:70``) → 0.7."""
+    """``rounds_to_target:0.7`` (or ``:70``) → 0.7, for a fraction headline such as accuracy."""
     t = float(metric.split(":", 1)[1].rstrip("%"))
     return t / 100 if t > 1 else t
 
@@ -84,47 +88,83 @@ def last_count(metric: str) -> int:
         return 0
 
 
-def last_test_acc(curve: list[dict[str, Any]], k: int) -> float | None:
-    """Mean test accuracy over the last ``k`` evaluations of a curve (fewer if the run evaluated fewer times).
+def last_mean(curve: list[dict[str, Any]], key: str, k: int) -> float | None:
+    """Mean of ``key`` (e.g. ``test_acc``) over the last ``k`` evaluations of a curve (fewer if the run evaluated
+    fewer times).
 
     On strongly non-IID splits the accuracy after one round swings by several points from round to round (which
     10 clients were sampled last); this mean is the steadier "final accuracy"."""
-    accs = [float(r["test_acc"]) for r in curve if r.get("test_acc") is not None][-k:]
-    return sum(accs) / len(accs) if accs else None
+    vals = [float(r[key]) for r in curve if r.get(key) is not None][-k:]
+    return sum(vals) / len(vals) if vals else None
+
+
+def last_test_acc(curve: list[dict[str, Any]], k: int) -> float | None:
+    return last_mean(curve, "test_acc", k)
+
+
+def curve_key(metric: str) -> str | None:
+    """The ``metrics.jsonl`` key a metric reads (``final_test_mse`` → ``test_mse``); None for summary-only ones."""
+    m = TASK_METRIC.match(metric)
+    return None if m is None else (m.group(2) or m.group(3))
 
 
 def check_metric(metric: str) -> None:
     if metric.startswith("rounds_to_target:"):
-        check(0 < target_fraction(metric) <= 1, f"`{metric}`: the target must be an accuracy in (0, 1] or (0, 100]")
-    elif metric.startswith("last_test_acc:"):
-        check(last_count(metric) > 0, f"`{metric}`: give the number of last evaluations, e.g. last_test_acc:10")
+        check(target_fraction(metric) > 0, f"`{metric}`: the target must be a positive number")
+    elif metric.startswith("last_"):
+        m = TASK_METRIC.match(metric)
+        check(m is not None and int(m.group(4)) > 0,
+              f"`{metric}`: give a test metric and the number of last evaluations, e.g. last_test_acc:10")
     else:
-        check(metric in METRICS, f"unknown metric {metric!r}; use {', '.join(METRICS)}, rounds_to_target:<t> or "
-              "last_test_acc:<k>")
+        check(metric in METRICS or TASK_METRIC.match(metric) is not None,
+              f"unknown metric {metric!r}; use {', '.join(METRICS)}, final_test_<m> / best_test_<m> (m: what the "
+              "task reports, e.g. mse, perplexity, mcc), rounds_to_target:<t> or last_test_<m>:<k>")
 
 
 def metric_value(run: Path, metric: str) -> float | None:
-    """``metric`` of a finished run: accuracies in %; rounds to a target accuracy from the per-round curve
-    (None: not reached); seconds per round and final train loss from ``summary.json``."""
-    check_metric(metric)
-    if metric.startswith("rounds_to_target:"):
-        from fedlight.run.files import rounds_to_target
+    """``metric`` of a finished run: accuracies, F1 and MCC in %; rounds to a target of the run's headline metric
+    from the per-round curve (None: not reached); the rest from ``summary.json`` (or the curve)."""
+    from fedlight.run.files import rounds_to_target
 
-        return rounds_to_target(read_curve(run), target_fraction(metric))
-    if metric.startswith("last_test_acc:"):
-        v = last_test_acc(read_curve(run), last_count(metric))
-        return None if v is None else 100 * v
-    v = (read_summary(run) or {}).get(metric)
-    return None if v is None else (100 * v if metric.endswith("_acc") else v)
+    check_metric(metric)
+    summary = read_summary(run) or {}
+    if metric.startswith("rounds_to_target:"):
+        head = summary.get("headline") or {"metric": "test_acc", "higher_is_better": True}
+        t = target_fraction(metric) if is_fraction(head["metric"]) else float(metric.split(":", 1)[1])
+        return rounds_to_target(read_curve(run), t, head["metric"], head["higher_is_better"])
+    key = curve_key(metric)
+    v = summary.get(metric)
+    if v is None and key is not None:
+        v = _from_curve(read_curve(run), metric, key)
+    return None if v is None else (100 * v if key is not None and is_fraction(key) else v)
+
+
+def _from_curve(curve: list[dict[str, Any]], metric: str, key: str) -> float | None:
+    from fedlight.run.files import higher_is_better
+
+    if metric.startswith("last_"):
+        return last_mean(curve, key, last_count(metric))
+    vals = [float(r[key]) for r in curve if r.get(key) is not None]
+    if not vals:
+        return None
+    if metric.startswith("final_"):
+        return vals[-1]
+    return max(vals) if higher_is_better(key) else min(vals)
 
 
 def metric_label(metric: str) -> str:
+    from fedlight.run.files import metric_name
+
     if metric.startswith("rounds_to_target:"):
-        return f"rounds to {100 * target_fraction(metric):g}% test accuracy"
-    if metric.startswith("last_test_acc:"):
-        return f"mean test accuracy over the last {last_count(metric)} evaluations (%)"
-    return {"final_test_acc": "final test accuracy (%)", "best_test_acc": "best test accuracy (%)",
-            "seconds_per_round": "seconds per round", "final_train_loss": "final train loss"}[metric]
+        return f"rounds to {metric.split(':', 1)[1]} (headline test metric)"
+    key = curve_key(metric)
+    if key is None:
+        return {"seconds_per_round": "seconds per round", "final_train_loss": "final train loss"}[metric]
+    name = {"acc": "accuracy"}.get(metric_name(key), metric_name(key).replace("_", " "))
+    unit = " (%)" if is_fraction(key) else ""
+    if metric.startswith("last_"):
+        return f"mean test {name} over the last {last_count(metric)} evaluations{unit}"
+    return f"{metric.split('_', 1)[0]} test {name}{unit}"
 
 
 def stats(metric: str, vals: list) -> dict[str, Any]:
@@ -170,8 +210,15 @@ def mean_curve(runs: list[Path], key: str) -> tuple[list[int], list[float]]:
     return rounds, [sum(by_round[r]) / len(by_round[r]) for r in rounds]
 
 
+def headline(run: Path) -> tuple[str, bool]:
+    """A run's headline test metric and its direction (from ``summary.json``; runs before tasks: accuracy)."""
+    h = (read_summary(run) or {}).get("headline") or {}
+    return h.get("metric", "test_acc"), h.get("higher_is_better", True)
+
+
 def curves_figure(groups: dict[str, list[Path]], title: str = ""):
-    """Test accuracy (%) and train loss against rounds, one line per group (mean over its runs), as a ``Figure``.
+    """The headline test metric (accuracy in %) and train loss against rounds, one line per group (mean over its
+    runs), as a ``Figure``.
 
     The loss panel is on a log axis (when every loss is positive), so one diverging rule does not flatten the rest.
     """
@@ -183,16 +230,18 @@ def curves_figure(groups: dict[str, list[Path]], title: str = ""):
     FigureCanvasAgg(fig)
     ax_acc, ax_loss = fig.subplots(1, 2)
     all_losses: list[float] = []
+    key = headline(next(iter(groups.values()))[0])[0] if groups else "test_acc"
+    scale = 100 if is_fraction(key) else 1
     for label, runs in groups.items():
         label = label if len(runs) == 1 else f"{label} (mean of {len(runs)})"
-        r, acc = mean_curve(runs, "test_acc")
+        r, acc = mean_curve(runs, key)
         if r:
-            ax_acc.plot(r, [100 * a for a in acc], label=label, lw=1.4, marker="o" if len(r) < 12 else None, ms=3)
+            ax_acc.plot(r, [scale * a for a in acc], label=label, lw=1.4, marker="o" if len(r) < 12 else None, ms=3)
         r, loss = mean_curve(runs, "train_loss")
         if r:
             ax_loss.plot(r, loss, label=label, lw=1.4, marker="o" if len(r) < 12 else None, ms=3)
             all_losses += loss
-    for ax, name in ((ax_acc, "test accuracy (%)"), (ax_loss, "train loss")):
+    for ax, name in ((ax_acc, metric_label(f"final_{key}").removeprefix("final ")), (ax_loss, "train loss")):
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(name)
@@ -236,12 +285,12 @@ def run_rows(runs: list[Path]) -> list[dict[str, Any]]:
     for run in runs:
         s, curve = read_summary(run), read_curve(run)
         label = str(run.resolve().relative_to(common)) if len(runs) > 1 else run.name
-        acc = [c["test_acc"] for c in curve if c.get("test_acc") is not None]
+        key, _ = headline(run)
         rows.append({
             "run": label, "algorithm": _algorithm(run), "finished": s is not None,
-            "rounds": s["rounds_completed"] if s else (curve[-1]["round"] if curve else 0),
-            "final_test_acc": s["final_test_acc"] if s else (acc[-1] if acc else None),
-            "best_test_acc": s["best_test_acc"] if s else (max(acc) if acc else None),
+            "rounds": s["rounds_completed"] if s else (curve[-1]["round"] if curve else 0), "metric": key,
+            "final": (s or {}).get(f"final_{key}") if s else _from_curve(curve, f"final_{key}", key),
+            "best": (s or {}).get(f"best_{key}") if s else _from_curve(curve, f"best_{key}", key),
             "best_round": s["best_round"] if s else None,
             "final_train_loss": s["final_train_loss"] if s else (curve[-1].get("train_loss") if curve else None),
             "seconds_per_round": s["seconds_per_round"] if s else None,
@@ -251,14 +300,19 @@ def run_rows(runs: list[Path]) -> list[dict[str, Any]]:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    def pct(v):
-        return _fmt(None if v is None else 100 * v, ".2f")
+    """One line per run; the metric columns are the first run's headline (accuracy, MSE, perplexity, ...)."""
+    key = rows[0]["metric"] if rows else "test_acc"
+    scale, fmt = (100, ".2f") if is_fraction(key) else (1, ".4g")
 
-    head = ("| run | algorithm | rounds | final acc (%) | best acc (%) (round) | final train loss | s / round |\n"
+    def val(v):
+        return _fmt(None if v is None else scale * v, fmt)
+
+    name = metric_label(f"final_{key}").removeprefix("final test ")
+    head = (f"| run | algorithm | rounds | final {name} | best {name} (round) | final train loss | s / round |\n"
             "|---|---|---:|---:|---:|---:|---:|\n")
     return head + "".join(
         f"| {r['run']}{'' if r['finished'] else ' (unfinished)'} | {r['algorithm']} | {r['rounds']} | "
-        f"{pct(r['final_test_acc'])} | {pct(r['best_test_acc'])} ({_fmt(r['best_round'], 'd')}) | "
+        f"{val(r['final'])} | {val(r['best'])} ({_fmt(r['best_round'], 'd')}) | "
         f"{_fmt(r['final_train_loss'], '.4f')} | {_fmt(r['seconds_per_round'], '.3f')} |\n" for r in rows)
 
 

@@ -4,8 +4,9 @@ A *table spec* (``recipes/tables/*.yaml``) names a base recipe, a grid of overri
 
     title: FedWMSAM (NeurIPS'25) Table 1 — test accuracy (%) after 500 rounds
     base: recipes/fedwmsam_mlp_fmnist_dir0.1.yaml
-    metric: final_test_acc            # final_test_acc | best_test_acc | rounds_to_target:<t> | seconds_per_round
-    also: [best_test_acc]             #   | final_train_loss; `also`: extra metrics shown (no paper value)
+    metric: final_test_acc            # final_test_<m> | best_test_<m> | last_test_<m>:<k> | rounds_to_target:<t>
+    also: [best_test_acc]             #   | seconds_per_round | final_train_loss; `also`: extra metrics (no paper
+                                      #   value); <m>: a metric the task reports (acc, mse, perplexity, mcc, ...)
     overrides: {loop.eval_every: 1}   # applied to every cell
     rows:    {fedavg: {algorithm: {class_path: fedlight.algorithms.FedAvg}}, ...}
     columns: {dir0.1: {}, dir0.6: {data.init_args.partition.init_args.alpha: 0.6}, ...}
@@ -86,14 +87,58 @@ def load_spec(path: Path) -> dict[str, Any]:
         for name, ov in (spec.get(part) or {}).items():
             check(isinstance(ov, dict) or ov is None, f"{where}: {part}.{name} must be a mapping of overrides")
             check("/" not in name or part == "cell_overrides", f"{where}: {part} name {name!r} must not hold '/'")
-    for m in [spec["metric"], *spec.get("also", []), *(c["metric"] for c in spec["columns"].values()
-                                                        if c and "metric" in c)]:
+    for m in spec_metrics(spec):
         rep.check_metric(m)
     unknown = {f"{r}/{c}" for r, cols in (spec.get("paper") or {}).items() for c in (cols or {})}
     unknown -= {f"{r}/{c}" for r in spec["rows"] for c in spec["columns"]}
     unknown |= set(spec.get("cell_overrides") or {}) - {f"{r}/{c}" for r in spec["rows"] for c in spec["columns"]}
     check(not unknown, f"{where}: `paper`/`cell_overrides` name cells that are not in the grid: {sorted(unknown)}")
     return spec
+
+
+def spec_metrics(spec: dict[str, Any]) -> list[str]:
+    return [spec["metric"], *spec.get("also", []), *(c["metric"] for c in spec["columns"].values()
+                                                     if c and "metric" in c)]
+
+
+def check_task_metrics(spec: dict[str, Any]) -> None:
+    """Refuse, before any run starts, a table metric the base recipe's task does not report."""
+    produced = task_metrics(base_path(spec))
+    if produced is None:
+        return
+    missing = sorted({k for m in spec_metrics(spec) if (k := rep.curve_key(m)) is not None} - set(produced))
+    check(not missing, f"table spec metric(s) {', '.join(missing)} are not reported by the task of {spec['base']} "
+          f"(it reports {', '.join(produced)}); use one of those, e.g. `metric: final_{produced[0]}`")
+
+
+def task_metrics(recipe: Path) -> tuple[str, ...] | None:
+    """The ``test_*`` keys the recipe's task reports: its ``task``, else its data module's default task; None when
+    only a run can tell (a LightningModule's own test_step)."""
+    import yaml
+
+    from fedlight.spec import build
+
+    cfg = yaml.safe_load(recipe.read_text()) or {}
+    try:
+        if cfg.get("task"):
+            return build(cfg["task"]).metric_names()
+        if _is_lightning_module((cfg.get("model") or {}).get("class_path")) or not cfg.get("data"):
+            return None
+        return build(cfg["data"]).default_task().metric_names()
+    except (ConfigError, ImportError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _is_lightning_module(path: str | None) -> bool:
+    import importlib
+
+    if not path or "." not in path:
+        return False
+    from lightning.pytorch import LightningModule
+
+    module, _, name = path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None)
+    return isinstance(cls, type) and issubclass(cls, LightningModule)
 
 
 def base_path(spec: dict[str, Any]) -> Path:
@@ -292,6 +337,7 @@ def cmd_reproduce(argv: list[str]) -> int:
     a = p.parse_args(argv)
     spec_path = find_spec(a.spec)
     spec = load_spec(spec_path)
+    check_task_metrics(spec)
     check(base_path(spec).is_file(), f"table spec {spec_path}: base recipe {spec['base']} not found")
     seeds = list(range(a.seeds if a.seeds is not None else int(spec.get("seeds", 1))))
     check(len(seeds) > 0 and a.jobs > 0, "`--seeds` and `--jobs` must be positive")

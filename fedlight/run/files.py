@@ -208,14 +208,32 @@ def summarize(rows: list[dict[str, Any]], targets: list[float], totals: dict[str
     }
 
 
+HIGHER = ("acc", "accuracy", "f1", "mcc", "r2", "auroc", "auc", "precision", "recall", "iou", "dice", "bleu")
+"""Metric names (or parts of them) whose higher values are better; every other metric (loss, MSE, perplexity) is
+better lower."""
+
+
+def metric_name(key: str) -> str:
+    """``final_test_acc`` / ``best_test_acc`` / ``test_acc`` → ``acc``."""
+    return key.removeprefix("final_").removeprefix("best_").removeprefix("last_").removeprefix("test_")
+
+
+def higher_is_better(key: str) -> bool:
+    name = metric_name(key).lower()
+    return any(h in name for h in HIGHER)
+
+
+def is_fraction(key: str) -> bool:
+    """Metrics in [0, 1] that papers print as percentages: accuracies, F1, Matthews correlation."""
+    name = metric_name(key)
+    return name.endswith("acc") or name in ("accuracy", "f1", "mcc")
+
+
 def format_metric(key: str, value: float | None) -> str:
-    """A metric for people: accuracies and F1 as percentages, everything else to 4 significant digits."""
+    """A metric for people: accuracies, F1 and MCC as percentages, everything else to 4 significant digits."""
     if value is None:
         return "-"
-    name = key.removeprefix("final_").removeprefix("best_").removeprefix("test_")
-    if name.endswith("acc") or name in ("f1", "accuracy"):
-        return f"{100 * value:.2f}%"
-    return f"{value:.4g}"
+    return f"{100 * value:.2f}%" if is_fraction(key) else f"{value:.4g}"
 
 
 def git_revision() -> str | None:

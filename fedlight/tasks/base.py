@@ -31,6 +31,8 @@ class Task:
 
     headline: str = "loss"
     higher_is_better: bool = False
+    reports: tuple[str, ...] = ("loss",)
+    """The names :meth:`metrics` reports (without ``test_``), known before any data is seen."""
 
     def setup(self, data: Any) -> None:
         """Learn what the task needs from the data module after its ``setup`` (e.g. the number of classes)."""
@@ -61,7 +63,7 @@ class Task:
 
     def metric_names(self) -> tuple[str, ...]:
         """The ``test_*`` keys this task reports."""
-        return tuple(f"test_{k}" for k in self.metrics())
+        return tuple(f"test_{k}" for k in self.reports)
 
     @property
     def headline_key(self) -> str:

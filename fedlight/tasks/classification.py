@@ -22,6 +22,7 @@ class Classification(Task):
 
     headline = "acc"
     higher_is_better = True
+    reports = ("acc", "loss")
 
     def __init__(self, num_classes: int | None = None) -> None:
         self.num_classes = num_classes

@@ -20,9 +20,9 @@ from torch import Tensor, nn
 
 from fedlight.errors import ConfigError
 from fedlight.params import in_stacked
+from fedlight.run.files import higher_is_better
 from fedlight.tasks.base import Task, _forward, _guard
 
-HIGHER = ("acc", "accuracy", "f1", "mcc", "r2", "auroc", "auc", "precision", "recall", "iou", "dice", "bleu")
 PREFIXES = ("test_", "val_", "test/", "val/", "valid_", "validation_")
 
 
@@ -58,9 +58,7 @@ class LightningTask(Task):
 
     @property
     def higher_is_better(self) -> bool:
-        if self._higher is not None:
-            return self._higher
-        return any(h in self.headline.lower() for h in HIGHER)
+        return self._higher if self._higher is not None else higher_is_better(self.headline)
 
     def metric_names(self) -> tuple[str, ...]:
         return tuple(f"test_{n}" for n in (self.names or ()))

@@ -26,6 +26,8 @@ class TextClassification(Task):
         headline: which metric is the run's headline: ``acc`` (default), ``f1``, ``mcc`` or ``loss``.
     """
 
+    reports = ("acc", "f1", "mcc", "loss")
+
     def __init__(self, num_classes: int | None = None, headline: str = "acc") -> None:
         if headline not in HEADLINES:
             raise ConfigError(f"`task.headline` must be one of {', '.join(HEADLINES)}, got {headline!r}")

@@ -1,0 +1,61 @@
+"""The headline metric of any task flows into summary.json, `fedlight report` and table specs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import fedlight
+from fedlight.args import LoopConfig
+from fedlight.data import SyntheticRegression
+from fedlight.errors import ConfigError
+from fedlight.lab import report, reproduce
+from fedlight.models import MLP
+
+
+@pytest.fixture(scope="module")
+def regression_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reg") / "run"
+    fedlight.fit(MLP(in_features=4, hidden=[8], num_classes=1),
+                 SyntheticRegression(num_clients=4, dim=4, samples_per_client=20, batch_size=5),
+                 loop=LoopConfig(rounds=4, clients_per_round=2, local_steps=3, lr=0.05, targets=[10.0, 0.0],
+                                 progress=False), out_dir=str(out))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return out, [r["test_mse"] for r in rows]
+
+
+def test_summary_and_table_metrics_of_a_lower_is_better_headline(regression_run):
+    run, mse = regression_run
+    s = json.loads((run / "summary.json").read_text())
+    assert s["headline"] == {"metric": "test_mse", "higher_is_better": False}
+    assert s["best_test_mse"] == min(mse) and s["best_round"] == 1 + mse.index(min(mse))
+    assert s["rounds_to_target"] == {"10.0": next(i + 1 for i, v in enumerate(mse) if v <= 10.0), "0.0": None}
+    assert report.metric_value(run, "final_test_mse") == mse[-1]  # not a fraction: no % scaling
+    assert report.metric_value(run, "best_test_mse") == min(mse)
+    assert report.metric_value(run, "last_test_mse:2") == pytest.approx(sum(mse[-2:]) / 2)
+    assert report.metric_value(run, "rounds_to_target:10") == s["rounds_to_target"]["10.0"]
+    assert report.metric_value(run, "final_test_r2") == s["final_test_r2"]
+    assert report.metric_label("last_test_mse:2") == "mean test mse over the last 2 evaluations"
+
+
+def test_report_table_uses_the_headline(regression_run):
+    run, mse = regression_run
+    rows = report.run_rows([run])
+    assert rows[0]["metric"] == "test_mse" and rows[0]["final"] == mse[-1]
+    table = report.markdown_table(rows)
+    assert "| final mse | best mse (round) |" in table and f"{mse[-1]:.4g}" in table
+
+
+def test_a_table_metric_the_task_does_not_report_is_refused_before_any_run(tmp_path):
+    spec = {"title": "t", "base": "recipes/quickstart.yaml", "metric": "final_test_mse", "rows": {"a": {}},
+            "columns": {"result": {}}}
+    with pytest.raises(ConfigError, match=r"test_mse are not reported by the task.*reports test_acc, test_loss"):
+        reproduce.check_task_metrics(spec)
+    reproduce.check_task_metrics({**spec, "metric": "last_test_acc:5"})  # a metric it reports passes
+    regression = {**spec, "base": "recipes/fedavg_mlp_regression.yaml"}
+    reproduce.check_task_metrics({**regression, "metric": "best_test_mse"})
+    with pytest.raises(ConfigError, match="test_acc"):
+        reproduce.check_task_metrics(regression | {"metric": "final_test_acc"})
+    with pytest.raises(ConfigError, match="unknown metric"):
+        report.check_metric("final_mse")
