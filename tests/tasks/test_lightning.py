@@ -12,7 +12,6 @@ import torch
 from lit import BlobsDataModule, LitMLP
 
 import fedlight
-from fedlight import params as P
 from fedlight.args import LoopConfig
 from fedlight.data import DataModuleClients, Dirichlet
 from fedlight.errors import ConfigError
