@@ -254,7 +254,8 @@ def _local_optimizer(fabric, model, task, algorithm, loop):
                      f"{name}.configure_optimizers() is not used")
         return loop, None
     cls, group = optimizer(model)
-    args = ", ".join(f"{k}={v}" for k, v in group.items() if isinstance(v, (int, float, str, bool, tuple)))
+    args = ", ".join(f"{k}={v}" for k, v in group.items()
+                     if k in ("lr", "weight_decay") or (isinstance(v, (int, float, tuple)) and v and v is not True))
     fabric.print(f"fedlight: local optimizer from {name}.configure_optimizers(): {cls.__name__}({args}); "
                  "`loop.lr`, `loop.optimizer` and `loop.weight_decay` are not used")
     loop = dataclasses.replace(loop, lr=float(group["lr"]), weight_decay=float(group.get("weight_decay", 0.0)),

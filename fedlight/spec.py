@@ -70,7 +70,8 @@ def _flat_arguments(sig: inspect.Signature, bound: inspect.BoundArguments) -> di
 
 def describe(obj: Any) -> dict[str, Any]:
     """``{"class_path", "init_args"}`` of ``obj``: the arguments it was built with when its class remembers them
-    (:func:`remember_init_args`), else the constructor arguments it keeps as same-named attributes."""
+    (:func:`remember_init_args`), else the constructor arguments it keeps as same-named attributes (or, for a
+    LightningModule, in ``hparams``)."""
     cls = type(obj)
     out: dict[str, Any] = {"class_path": f"{cls.__module__}.{cls.__qualname__}"}
     given = getattr(obj, "__dict__", {}).get("_init_args")
@@ -82,6 +83,9 @@ def describe(obj: Any) -> dict[str, Any]:
     except (TypeError, ValueError):
         return out
     attrs = vars(obj) if hasattr(obj, "__dict__") else {}
+    saved = getattr(obj, "hparams", None)  # a LightningModule's save_hyperparameters()
+    if isinstance(saved, dict):
+        attrs = {**attrs, **saved}
     args = {}
     for name, p in params.items():
         if name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
