@@ -145,3 +145,25 @@ def test_bad_lightning_modules_are_refused_before_round_1(tmp_path, problem, mat
     with pytest.raises(ConfigError, match=match):
         _fit(tmp_path, model)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_custom_rule_may_set_its_own_objective_on_both_runners(tmp_path):
+    """A rule that swaps ``ctx.objective`` for one calling the module's training_step runs stacked too (the
+    stacked runner binds each client's tensors to any method of the model, not only forward)."""
+    from fedlight import Algorithm, LocalUpdateRule
+    from fedlight import params as P
+
+    class OwnObjective(LocalUpdateRule):
+        def start(self, model, ctx):
+            super().start(model, ctx)
+            ctx.objective = lambda m, batch: 2.0 * m.training_step(batch, 0)["loss"]
+
+    finals = {}
+    for mode in ("sequential", "vmap"):
+        torch.manual_seed(0)
+        model = LitMLP()
+        fedlight.fit(model, _data(), Algorithm(OwnObjective()), loop=_cfg(client_parallelism=mode),
+                     precision="64-true", out_dir=str(tmp_path / mode))
+        finals[mode] = P.trainable(model)
+    for k in finals["sequential"]:
+        torch.testing.assert_close(finals["vmap"][k], finals["sequential"][k], rtol=0, atol=1e-10)
