@@ -287,14 +287,11 @@ class FederatedDataModule:
         all samples; both are moved to the device once.
         """
         self._require_setup()
-        idx = self._client_idx[client_id]
-        n, bs = len(idx), self.batch_size
         if num_steps <= 0:
             return
-        bounds = _step_bounds(n, bs, num_steps)
-        epochs = math.ceil(num_steps / math.ceil(n / bs))
+        idx = self._client_idx[client_id]
+        order, bounds = self.step_order(client_id, num_steps, generator)
         total = bounds[-1][1]
-        order = torch.cat([torch.randperm(n, generator=generator) for _ in range(epochs)])[:total]
         aug = self.augmentation if self.augment else None
         params = aug.sample(total, generator).to(self.device) if aug is not None else None
         rows = idx[order.to(self.device)]
@@ -304,6 +301,15 @@ class FederatedDataModule:
             if aug is not None:
                 x = aug.apply(x, params[start:end])
             yield self.to_input(x), self._train_y[r]
+
+    def step_order(self, client_id: int, num_steps: int, generator: torch.Generator) -> tuple[Tensor, list]:
+        """Positions (into the client's samples) of its next ``num_steps`` batches, and each step's ``[start, end)``
+        in them: epochs of fresh permutations drawn from ``generator`` (one ``randperm`` per epoch)."""
+        n = len(self._client_idx[client_id])
+        bounds = _step_bounds(n, self.batch_size, num_steps)
+        epochs = math.ceil(num_steps / math.ceil(n / self.batch_size))
+        order = torch.cat([torch.randperm(n, generator=generator) for _ in range(epochs)])[: bounds[-1][1]]
+        return order, bounds
 
     def batch_sizes(self, client_id: int, num_steps: int) -> tuple[int, ...]:
         """The sizes of the ``num_steps`` batches :meth:`client_batches` yields for ``client_id``."""

@@ -11,18 +11,17 @@ or from ``client_fn(sample)`` — a per-sample client id, the natural split of L
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 from lightning.pytorch import LightningDataModule
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from fedlight.data.base import FederatedDataModule, _step_bounds, partition_labels
+from fedlight.data.base import FederatedDataModule, partition_labels
 from fedlight.data.partition import Partitioner, partition_cached
 from fedlight.errors import ConfigError
 
@@ -122,15 +121,11 @@ class DatasetClients(FederatedDataModule):
     def client_batches(self, client_id: int, num_steps: int, generator: torch.Generator) -> Iterator[Any]:
         """``num_steps`` collated batches of one client, on the device, in the order of ``generator``."""
         self._require_setup()
-        train, _ = self._datasets()
-        idx = self._client_idx[client_id]
-        n = len(idx)
         if num_steps <= 0:
             return
-        bounds = _step_bounds(n, self.batch_size, num_steps)
-        epochs = math.ceil(num_steps / math.ceil(n / self.batch_size))
-        order = torch.cat([torch.randperm(n, generator=generator) for _ in range(epochs)])[: bounds[-1][1]]
-        rows = idx[order].tolist()
+        train, _ = self._datasets()
+        order, bounds = self.step_order(client_id, num_steps, generator)
+        rows = self._client_idx[client_id][order].tolist()
         for start, end in bounds:
             yield self._to_device(self.collate_fn([train[i] for i in rows[start:end]]))
 

@@ -74,7 +74,7 @@ class Task:
         """The test metrics of ``model`` over ``batches`` (torchmetrics reduce across processes in ``compute``)."""
         device = next(iter(model.parameters())).device
         metrics = {k: m.to(device) for k, m in self.metrics().items()}
-        forward = _forward(fabric)
+        forward = precision_forward(fabric)
         was_training = model.training
         model.eval()
         try:
@@ -92,17 +92,17 @@ class Task:
         """Run one training and one test batch through model + task (eval mode, no grad: nothing changes) and
         raise :class:`ConfigError` naming the fix when they do not fit together."""
         self.check(model, data)
-        forward = _forward(fabric)
+        forward = precision_forward(fabric)
         was_training = model.training
         model.eval()
         try:
             with torch.no_grad():
-                loss = _guard("the training objective", lambda: self._probe_loss(model, train_batch, fabric))
+                loss = guard("the training objective", lambda: self._probe_loss(model, train_batch, fabric))
                 if not isinstance(loss, Tensor) or loss.dim() != 0 or not loss.dtype.is_floating_point:
                     raise ConfigError(f"{type(self).__name__}: the training objective must be a scalar loss tensor, "
                                       f"got {_describe(loss)}; return the batch mean")
                 metrics = {k: m.to(loss.device) for k, m in self.metrics().items()}
-                _guard("evaluation", lambda: self.update(metrics, model, test_batch, forward))
+                guard("evaluation", lambda: self.update(metrics, model, test_batch, forward))
         finally:
             model.train(was_training)
         if self.headline not in metrics:
@@ -120,7 +120,7 @@ class Task:
         return f"{type(self).__name__}()"
 
 
-def _forward(fabric: Any) -> Callable:
+def precision_forward(fabric: Any) -> Callable:
     """``forward(model, *args, **kwargs)``: the model under the precision plugin (inputs converted)."""
     precision = None if fabric is None else fabric.strategy.precision
 
@@ -134,7 +134,7 @@ def _forward(fabric: Any) -> Callable:
     return forward
 
 
-def _guard(what: str, fn: Callable) -> Any:
+def guard(what: str, fn: Callable) -> Any:
     """Run ``fn``; a shape, dtype or index error becomes a :class:`ConfigError` naming ``what`` failed."""
     try:
         return fn()

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from fedlight.errors import ConfigError
-from fedlight.tasks.base import Task, _guard, outputs
+from fedlight.tasks.base import Task, guard, outputs
 
 
 class Classification(Task):
@@ -61,7 +61,7 @@ class Classification(Task):
             raise ConfigError("Classification needs integer class labels, but the data's targets are floating "
                               f"point ({y.dtype}); for real-valued targets use `--task Regression`")
         self.check(model, data)
-        logits = _guard("the model's forward pass", lambda: _logits(model, train_batch, fabric))
+        logits = guard("the model's forward pass", lambda: _logits(model, train_batch, fabric))
         if logits.dim() < 2 or logits.shape[-1] != self.num_classes:
             raise ConfigError(f"the model outputs {logits.shape[-1] if logits.dim() else 1} scores per sample but "
                               f"the data has {self.num_classes} classes; set `--model.init_args.num_classes "

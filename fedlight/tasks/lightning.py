@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from fedlight.errors import ConfigError
 from fedlight.params import in_stacked
 from fedlight.run.files import higher_is_better
-from fedlight.tasks.base import Task, _forward, _guard
+from fedlight.tasks.base import Task, guard, precision_forward
 
 PREFIXES = ("test_", "val_", "test/", "val/", "valid_", "validation_")
 
@@ -95,7 +95,7 @@ class LightningTask(Task):
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batches: Iterable[Any], fabric: Any = None) -> dict[str, float]:
         step = _eval_step(model)
-        forward = _forward(fabric)
+        forward = precision_forward(fabric)
         sums: dict[str, Any] = {}
         objects: dict[str, Any] = {}
         was = model.training
@@ -125,14 +125,14 @@ class LightningTask(Task):
         model.eval()
         try:
             with torch.no_grad(), capture_logs(model):
-                loss = _guard("the LightningModule's training_step", lambda: self._probe_loss(model, train_batch,
+                loss = guard("the LightningModule's training_step", lambda: self._probe_loss(model, train_batch,
                                                                                               fabric))
         finally:
             model.train(was)
         if not isinstance(loss, Tensor) or loss.dim() != 0:
             raise ConfigError(f"{name}.training_step must return a scalar loss, got "
                               f"{tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__}")
-        logged = _guard("the LightningModule's test_step", lambda: self.evaluate(model, [test_batch], fabric))
+        logged = guard("the LightningModule's test_step", lambda: self.evaluate(model, [test_batch], fabric))
         if not logged:
             raise ConfigError(f"{name}'s {_eval_step(model).__name__} logs nothing: fedlight evaluates the global "
                               "model with what it logs. Call `self.log(\"test_acc\", acc)` (or a loss) in it")
