@@ -46,6 +46,8 @@ class LightningTask(Task):
     def __init__(self, headline: str | None = None, higher_is_better: bool | None = None) -> None:
         self._headline, self._higher = headline, higher_is_better
         self.names: tuple[str, ...] | None = None  # learned by the probe (what test_step logs)
+        self._objects: dict[str, Any] = {}  # logged torchmetrics objects, by logged name
+        self._values: set[str] = set()  # names logged as plain values
 
     # ----------------------------------------------------------------------------------------- headline
     @property
@@ -97,7 +99,7 @@ class LightningTask(Task):
         step = _eval_step(model)
         forward = precision_forward(fabric)
         sums: dict[str, Any] = {}
-        objects: dict[str, Any] = {}
+        objects: dict[str, Any] = dict(self._objects)  # every rank computes every metric (they sync in compute)
         was = model.training
         model.eval()
         try:
@@ -107,10 +109,14 @@ class LightningTask(Task):
                 _reduce(logs, batch, sums, objects)
         finally:
             model.train(was)
+        for name in self._values:  # a rank without test batches still takes part in the reduction
+            sums.setdefault(name, _mean_metric(next(model.parameters()).device))
         out = {f"test_{_strip(k)}": float(m.compute()) for k, m in sums.items()}
         for k, metric in objects.items():
             out[f"test_{_strip(k)}"] = float(metric.compute())
             metric.reset()
+        self._objects.update(objects)
+        self._values.update(k for k in sums if k not in objects)
         return out
 
     def probe(self, model, train_batch, test_batch, data, fabric=None) -> None:
@@ -195,7 +201,7 @@ def capture_logs(module: nn.Module):
 
 
 def _reduce(logs: dict[str, tuple[Any, int | None]], batch: Any, sums: dict, objects: dict) -> None:
-    from torchmetrics import MeanMetric, Metric
+    from torchmetrics import Metric
 
     for name, (value, bs) in logs.items():
         if isinstance(value, Metric):
@@ -203,8 +209,14 @@ def _reduce(logs: dict[str, tuple[Any, int | None]], batch: Any, sums: dict, obj
             continue
         value = torch.as_tensor(value).detach().double()
         if name not in sums:
-            sums[name] = MeanMetric().to(value.device).set_dtype(torch.float64)
+            sums[name] = _mean_metric(value.device)
         sums[name].update(value, float(bs if bs is not None else _batch_size(batch)))
+
+
+def _mean_metric(device) -> Any:
+    from torchmetrics import MeanMetric
+
+    return MeanMetric().to(device).set_dtype(torch.float64)
 
 
 def _batch_size(batch: Any) -> int:

@@ -167,3 +167,23 @@ def test_a_custom_rule_may_set_its_own_objective_on_both_runners(tmp_path):
         finals[mode] = P.trainable(model)
     for k in finals["sequential"]:
         torch.testing.assert_close(finals["vmap"][k], finals["sequential"][k], rtol=0, atol=1e-10)
+
+
+def test_one_and_two_processes_agree_for_lightning_code(tmp_path):
+    """Client-parallel on 2 gloo processes: the same model and the same test metrics as 1 process (rank 1 gets no
+    test batch at all and still takes part in every metric's reduction)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("mp_lightning.py")
+    outs = {}
+    for n in (1, 2):
+        out = tmp_path / f"p{n}.pt"
+        res = subprocess.run([sys.executable, str(script), str(n), str(out)], capture_output=True, text=True,
+                             timeout=600, cwd=tmp_path)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        outs[n] = torch.load(out, weights_only=True)
+    assert outs[2]["summary"] == pytest.approx(outs[1]["summary"], abs=1e-6)
+    for k, v in outs[1]["model"].items():
+        torch.testing.assert_close(outs[2]["model"][k], v, rtol=0, atol=1e-6)

@@ -1,0 +1,39 @@
+"""A LightningModule + LightningDataModule through ``fedlight.fit`` on N CPU processes; rank 0 saves the outcome.
+
+Usage: python mp_lightning.py N OUT.pt   (Fabric's launcher re-runs this script for ranks >= 1)
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from lit import BlobsDataModule, LitMLP  # noqa: E402
+
+import fedlight  # noqa: E402
+from fedlight.args import LoopConfig  # noqa: E402
+from fedlight.data import DataModuleClients, Dirichlet  # noqa: E402
+
+
+class OneTestBatch(BlobsDataModule):
+    """The test set in a single batch: with 2 processes, rank 1 evaluates nothing and must still reduce."""
+
+    def test_dataloader(self):
+        return torch.utils.data.DataLoader(self.test, batch_size=len(self.test), collate_fn=self.collate)
+
+
+def main(n: int, out: str) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    data = DataModuleClients(OneTestBatch(), num_clients=6, partition=Dirichlet(0.5))
+    summary = fedlight.fit(LitMLP(), data, fedlight.create("scaffold"), accelerator="cpu", devices=n,
+                           loop=LoopConfig(rounds=2, clients_per_round=4, local_steps=3, progress=False),
+                           out_dir=str(Path(out).with_suffix("")), overwrite=True)
+    if summary is not None and Path(out).parent.exists():
+        final = torch.load(Path(out).with_suffix("") / "final_model.pt", weights_only=True)
+        torch.save({"summary": {k: v for k, v in summary.items() if k.startswith("final_test")}, "model": final}, out)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2])
