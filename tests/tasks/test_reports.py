@@ -53,7 +53,7 @@ def test_a_table_metric_the_task_does_not_report_is_refused_before_any_run(tmp_p
     with pytest.raises(ConfigError, match=r"test_mse are not reported by the task.*reports test_acc, test_loss"):
         reproduce.check_task_metrics(spec)
     reproduce.check_task_metrics({**spec, "metric": "last_test_acc:5"})  # a metric it reports passes
-    regression = {**spec, "base": "recipes/fedavg_mlp_regression.yaml"}
+    regression = {**spec, "base": "recipes/fedavg_mlp_syntheticregression_natural.yaml"}
     reproduce.check_task_metrics({**regression, "metric": "best_test_mse"})
     with pytest.raises(ConfigError, match="test_acc"):
         reproduce.check_task_metrics(regression | {"metric": "final_test_acc"})
