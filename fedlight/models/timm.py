@@ -118,7 +118,10 @@ class Timm(nn.Module):
 def hub_model(name: str, num_classes: int, extra: dict[str, Any]) -> nn.Module:
     """``timm.create_model(name, pretrained=True, ...)``; a :class:`ConfigError` naming the fix when timm has no
     weights for ``name`` or the Hub cannot be reached and the weights are not cached."""
-    cfg = timm.models.get_pretrained_cfg(name)
+    try:
+        cfg = timm.models.get_pretrained_cfg(name)
+    except RuntimeError:  # an unknown weight tag
+        cfg = None
     source = getattr(cfg, "hf_hub_id", None) or getattr(cfg, "url", None)
     if not source:
         tags = timm.list_pretrained(name.split(".")[0] + ".*")
