@@ -76,12 +76,11 @@ class CropFlip:
 
 
 def resize(x: Tensor, size: int) -> Tensor:
-    """Resize images ``[B, C, H, W]`` to ``size × size`` (bilinear, antialiased when shrinking), rounded back to
-    ``x``'s dtype for integer images; a batch already of that size is returned as it is."""
+    """Resize images ``[B, C, H, W]`` to ``size × size`` (bilinear, antialiased; when enlarging that is plain
+    bilinear), rounded back to ``x``'s dtype for integer images; a batch already of that size is returned as it is."""
     if x.shape[-2:] == (size, size):
         return x
-    out = F.interpolate(x.float(), size=(size, size), mode="bilinear", align_corners=False,
-                        antialias=size < max(x.shape[-2:]))
+    out = F.interpolate(x.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True)
     if x.dtype.is_floating_point:
         return out.to(x.dtype)
     return out.round_().clamp_(0, 255).to(x.dtype)

@@ -3,10 +3,11 @@
 Each image gets ``num_ops`` operations in turn; for every one, the op, whether it is applied (probability
 ``prob``), its magnitude (``magnitude`` on a 0–10 scale plus Gaussian noise of std ``magnitude_std``, clipped to
 [0, 10]) and its sign are drawn on CPU from the caller's ``torch.Generator`` by :meth:`RandAugment.sample`.
-:meth:`RandAugment.apply` then runs three stages per operation on the whole batch, each leaving the images
-whose op belongs to another stage untouched: an affine warp (rotate, shear, translate), a per-image, per-channel
-256-entry lookup table (identity, auto-contrast, equalize, solarize, posterize, contrast, brightness) and a blend
-with a degenerate image (color, sharpness). No boolean indexing, so nothing waits for the device.
+:meth:`RandAugment.apply` then runs, per operation, stages that each handle the images whose op they hold: an
+affine warp (rotate, shear, translate), a per-image, per-channel 256-entry lookup table (auto-contrast, equalize,
+solarize, posterize, contrast, brightness) and blends with a degenerate image (color, sharpness). On an accelerator
+every stage runs on the whole batch and a mask picks the results, so the host never waits for the device; on CPU
+each stage runs on its own images only.
 
 Images are uint8 (or float holding integer values 0–255); every op rounds and clamps to 0–255, as an 8-bit
 image library would. Magnitude f = M/10 maps to an op argument (stronger as M grows; signed ops get a random
@@ -55,7 +56,7 @@ def warp(x: Tensor, op: Tensor, arg: Tensor, fill: float = 128.0) -> Tensor:
 
     Per image ``b``: ``op[b]`` ROTATE turns the content counter-clockwise by ``arg[b]`` degrees, SHEAR_X samples
     column ``j + arg[b]·(i − c)`` for output pixel ``(i, j)``, SHEAR_Y row ``i + arg[b]·(j − c)``, TRANSLATE_X /
-    TRANSLATE_Y move the content right / down by ``arg[b]`` pixels. Other ops leave the image as it is.
+    TRANSLATE_Y move the content right / down by ``arg[b]`` pixels; any other op gives the identity warp.
     ``x`` is float ``[B, C, H, W]`` with integer values; the result is rounded.
     """
     b, _, h, w = x.shape
@@ -69,9 +70,7 @@ def warp(x: Tensor, op: Tensor, arg: Tensor, fill: float = 128.0) -> Tensor:
     theta = torch.stack([torch.stack([a, bb * (h / w), 2 * tx / w], 1),
                          torch.stack([c * (w / h), d, 2 * ty / h], 1)], 1)
     grid = F.affine_grid(theta.to(x.dtype), [b, 1, h, w], align_corners=False)
-    out = F.grid_sample(x - fill, grid, mode="bilinear", padding_mode="zeros", align_corners=False) + fill
-    return torch.where(_is(op, ROTATE, SHEAR_X, SHEAR_Y, TRANSLATE_X, TRANSLATE_Y)[:, None, None, None],
-                       _settle(out), x)
+    return _settle(F.grid_sample(x - fill, grid, mode="bilinear", padding_mode="zeros", align_corners=False) + fill)
 
 
 # ---------------------------------------------------------------------------------------------- lookup tables
@@ -114,9 +113,9 @@ def _luma_mean(hist: Tensor) -> Tensor:
 def lookup(x: Tensor, op: Tensor, arg: Tensor) -> Tensor:
     """Apply the per-pixel ops through one ``[B, C, 256]`` lookup table per image.
 
-    IDENTITY; AUTOCONTRAST; EQUALIZE; SOLARIZE inverts values ``>= arg``; POSTERIZE keeps the top ``arg`` bits;
+    AUTOCONTRAST; EQUALIZE; SOLARIZE inverts values ``>= arg``; POSTERIZE keeps the top ``arg`` bits;
     BRIGHTNESS multiplies by ``arg``; CONTRAST moves each value to ``m + arg·(v − m)`` with ``m`` the image's
-    rounded mean luma. Results are rounded and clamped; images with other ops are left as they are.
+    rounded mean luma; any other op: identity. Results are rounded and clamped.
     """
     b, c = x.shape[:2]
     hist = histogram(x)
@@ -130,14 +129,10 @@ def lookup(x: Tensor, op: Tensor, arg: Tensor) -> Tensor:
     lut = v
     for kind, table in cases:
         lut = torch.where((op == kind)[:, None, None], table, lut)
-    out = lut.gather(2, x.reshape(b, c, -1).long()).view_as(x)
-    return torch.where(_is(op, *(k for k, _ in cases))[:, None, None, None], out, x)
+    return lut.gather(2, x.reshape(b, c, -1).long()).view_as(x)
 
 
 # ---------------------------------------------------------------------------------------------- blends
-SMOOTH = torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]]) / 13
-
-
 def _gray(x: Tensor) -> Tensor:
     if x.shape[1] != 3:
         return x
@@ -146,28 +141,55 @@ def _gray(x: Tensor) -> Tensor:
 
 def _smooth(x: Tensor) -> Tensor:
     """The 3×3 smoothing filter (centre 5, neighbours 1, /13) inside the image, rounded; the border unchanged."""
-    c, h, w = x.shape[1:]
+    h, w = x.shape[2:]
     if h < 3 or w < 3:
         return x
-    inner = _settle(F.conv2d(x, SMOOTH.to(x).expand(c, 1, 3, 3), groups=c))
-    return F.pad(inner, (1, 1, 1, 1)) + x - F.pad(x[:, :, 1:-1, 1:-1], (1, 1, 1, 1))
+    rows = x[:, :, :-2] + x[:, :, 1:-1] + x[:, :, 2:]
+    box = rows[..., :-2] + rows[..., 1:-1] + rows[..., 2:]  # 3×3 sums, exact on integer values
+    inner = _settle((box + 4 * x[:, :, 1:-1, 1:-1]) / 13)
+    out = x.clone()
+    out[:, :, 1:-1, 1:-1] = inner
+    return out
 
 
-def blend(x: Tensor, op: Tensor, arg: Tensor) -> Tensor:
-    """COLOR: ``g + arg·(x − g)`` with ``g`` the luma image; SHARPNESS: ``s + arg·(x − s)`` with ``s`` the smoothed
-    image. Rounded and clamped; images with other ops are left as they are."""
-    a = arg.to(x.dtype)[:, None, None, None]
-    g, s = _gray(x), _smooth(x)
-    out = torch.where((op == COLOR)[:, None, None, None], g + a * (x - g), s + a * (x - s))
-    return torch.where(_is(op, COLOR, SHARPNESS)[:, None, None, None], _settle(out), x)
+def color(x: Tensor, arg: Tensor) -> Tensor:
+    """``g + arg·(x − g)`` per image, with ``g`` the rounded luma image; rounded and clamped."""
+    g = _gray(x)
+    return _settle(g + arg.to(x.dtype)[:, None, None, None] * (x - g))
 
 
-# ---------------------------------------------------------------------------------------------- one op, by name
-def _run(x: Tensor, op: Tensor, arg: Tensor, fill: float) -> Tensor:
-    """All three stages for one op per image (each stage touches only its own ops)."""
-    x = warp(x, op, arg, fill)
-    x = lookup(x, op, arg)
-    return blend(x, op, arg)
+def sharpness(x: Tensor, arg: Tensor) -> Tensor:
+    """``s + arg·(x − s)`` per image, with ``s`` the smoothed image; rounded and clamped."""
+    s = _smooth(x)
+    return _settle(s + arg.to(x.dtype)[:, None, None, None] * (x - s))
+
+
+# ---------------------------------------------------------------------------------------------- one op per image
+def _where_op(x: Tensor, op: Tensor, ids: tuple[int, ...], fn, masked: bool) -> Tensor:
+    """``fn(rows)`` (the stage applied to ``x[rows]``) for the images whose op is in ``ids``, the others unchanged.
+
+    ``masked``: compute all images and pick with a mask, so the host never waits for the device to learn which
+    images those are (for accelerators); else compute only those images (for CPU).
+    """
+    mask = _is(op, *ids)
+    if masked:
+        return torch.where(mask[:, None, None, None], fn(slice(None)), x)
+    idx = mask.nonzero().squeeze(1)
+    return x if idx.numel() == 0 else x.index_copy(0, idx, fn(idx))
+
+
+GEOMETRIC = (ROTATE, SHEAR_X, SHEAR_Y, TRANSLATE_X, TRANSLATE_Y)
+PIXEL = (AUTOCONTRAST, EQUALIZE, SOLARIZE, POSTERIZE, BRIGHTNESS, CONTRAST)
+
+
+def _run(x: Tensor, op: Tensor, arg: Tensor, fill: float, masked: bool | None = None) -> Tensor:
+    """Apply each image's op ``op[b]`` with argument ``arg[b]``: warps, lookup tables, color, sharpness in turn (each
+    image's op belongs to exactly one of them). ``masked``: see :func:`_where_op` (default: unless on CPU)."""
+    masked = x.device.type != "cpu" if masked is None else masked
+    x = _where_op(x, op, GEOMETRIC, lambda i: warp(x[i], op[i], arg[i], fill), masked)
+    x = _where_op(x, op, PIXEL, lambda i: lookup(x[i], op[i], arg[i]), masked)
+    x = _where_op(x, op, (COLOR,), lambda i: color(x[i], arg[i]), masked)
+    return _where_op(x, op, (SHARPNESS,), lambda i: sharpness(x[i], arg[i]), masked)
 
 
 def apply_op(x: Tensor, name: str, arg: float | Tensor = 0.0, fill: float = 128.0) -> Tensor:

@@ -193,3 +193,12 @@ def test_resize_is_bilinear_and_keeps_uint8():
     assert resize(same, 4) is same
     assert torch.equal(resize(torch.full((2, 3, 32, 32), 77, dtype=torch.uint8), 224), torch.full((2, 3, 224, 224), 77,
                                                                                                     dtype=torch.uint8))
+
+
+def test_masked_path_for_accelerators_equals_the_subset_path():
+    from fedlight.data.randaugment import _run
+
+    x = images(b=30, h=9, w=11, seed=5).float()
+    op = torch.arange(30) % 14
+    arg = op_arguments(op, torch.linspace(-1, 1, 30), 9, 11)
+    assert torch.equal(_run(x, op, arg, 128.0, masked=True), _run(x, op, arg, 128.0, masked=False))
