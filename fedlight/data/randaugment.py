@@ -41,8 +41,12 @@ LUMA = (0.299, 0.587, 0.114)
 
 
 def _is(op: Tensor, *ids: int) -> Tensor:
-    """Boolean ``[B]``: the op of each image is one of ``ids``."""
-    return torch.isin(op, torch.tensor(ids, device=op.device))
+    """Boolean ``[B]``: the op of each image is one of ``ids`` (comparisons with Python numbers: no host-to-device
+    copy, which would wait for the device)."""
+    mask = op == ids[0]
+    for i in ids[1:]:
+        mask = mask | (op == i)
+    return mask
 
 
 def _settle(x: Tensor) -> Tensor:
@@ -106,8 +110,8 @@ def _luma_mean(hist: Tensor) -> Tensor:
     """Mean brightness of each image, rounded: ``[B, 1, 1]``."""
     v = torch.arange(256, device=hist.device, dtype=hist.dtype)
     means = (hist * v).sum(-1) / hist.sum(-1).clamp_min(1)  # [B, C]
-    weights = torch.tensor(LUMA, device=hist.device) if hist.shape[1] == 3 else torch.ones(1, device=hist.device)
-    return (means * weights).sum(1).round()[:, None, None]
+    luma = means[:, 0] if means.shape[1] != 3 else sum(w * means[:, k] for k, w in enumerate(LUMA))
+    return luma.round()[:, None, None]
 
 
 def lookup(x: Tensor, op: Tensor, arg: Tensor) -> Tensor:
@@ -136,7 +140,7 @@ def lookup(x: Tensor, op: Tensor, arg: Tensor) -> Tensor:
 def _gray(x: Tensor) -> Tensor:
     if x.shape[1] != 3:
         return x
-    return _settle((x * torch.tensor(LUMA, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)).sum(1, keepdim=True))
+    return _settle(sum(w * x[:, k:k + 1] for k, w in enumerate(LUMA)))
 
 
 def _smooth(x: Tensor) -> Tensor:
