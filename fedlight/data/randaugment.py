@@ -212,7 +212,8 @@ def op_arguments(op: Tensor, level: Tensor, height: int, width: int) -> Tensor:
     """Each image's op argument from its signed magnitude ``level`` in [−1, 1] (sign ignored by unsigned ops)."""
     f = level.abs()
     enhance, side = 1 + 0.9 * level, torch.where(op == TRANSLATE_X, width, height)
-    cases = [((ROTATE,), 30 * level), ((SHEAR_X, SHEAR_Y), 0.3 * level), ((TRANSLATE_X, TRANSLATE_Y), 0.45 * level * side),
+    cases = [((ROTATE,), 30 * level), ((SHEAR_X, SHEAR_Y), 0.3 * level),
+             ((TRANSLATE_X, TRANSLATE_Y), 0.45 * level * side),
              ((SOLARIZE,), 256 - torch.floor(256 * f)), ((POSTERIZE,), 8 - torch.floor(4 * f)),
              ((COLOR, CONTRAST, BRIGHTNESS, SHARPNESS), enhance)]
     arg = torch.zeros_like(level)
@@ -253,7 +254,8 @@ class RandAugment:
         check(0 <= self.prob <= 1, f"`randaugment.prob` must be in [0, 1], got {self.prob!r}")
         check(0 <= self.fill <= 255, f"`randaugment.fill` must be a pixel value in [0, 255], got {self.fill!r}")
         bad = [o for o in self.ops if o not in OPS]
-        check(len(self.ops) > 0 and not bad, f"`randaugment.ops` {bad or '[]'} are not ops; choose from {', '.join(OPS)}")
+        check(len(self.ops) > 0 and not bad,
+              f"`randaugment.ops` {bad or '[]'} are not ops; choose from {', '.join(OPS)}")
 
     @property
     def param_width(self) -> int:

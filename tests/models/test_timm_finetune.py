@@ -133,3 +133,14 @@ def test_one_round_of_fit_with_a_tiny_swin_at_the_resized_size(tmp_path):
     fedlight.fit(model, cifar(tmp_path), algo, loop=loop, seed=0, out_dir=str(tmp_path / "run"))
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["round"] == 1 and np.isfinite(row["train_loss"]) and 0 <= row["test_acc"] <= 1
+
+
+def test_drop_path_counts_as_dropout_for_the_runner_choice():
+    from fedlight.runners import _drops
+
+    def swin(rate):
+        return models.Timm("swin_tiny_patch4_window7_224", num_classes=10, img_size=64,
+                           kwargs={**SWIN["kwargs"], "drop_path_rate": rate})
+
+    assert any(_drops(m) for m in swin(0.2).modules())  # timm's Swin default is 0.1 as well
+    assert not any(_drops(m) for m in swin(0.0).modules())
