@@ -247,14 +247,14 @@ class RandAugment:
 
     def __post_init__(self) -> None:
         check(isinstance(self.num_ops, int) and self.num_ops >= 1,
-              f"`randaugment.num_ops` must be a positive integer, got {self.num_ops!r}")
-        check(0 <= self.magnitude <= 10, f"`randaugment.magnitude` must be in [0, 10], got {self.magnitude!r}")
-        check(self.magnitude_std >= 0, f"`randaugment.magnitude_std` must be >= 0, got {self.magnitude_std!r}")
-        check(0 <= self.prob <= 1, f"`randaugment.prob` must be in [0, 1], got {self.prob!r}")
-        check(0 <= self.fill <= 255, f"`randaugment.fill` must be a pixel value in [0, 255], got {self.fill!r}")
+              f"`data.randaugment.num_ops` must be a positive integer, got {self.num_ops!r}")
+        check(0 <= self.magnitude <= 10, f"`data.randaugment.magnitude` must be in [0, 10], got {self.magnitude!r}")
+        check(self.magnitude_std >= 0, f"`data.randaugment.magnitude_std` must be >= 0, got {self.magnitude_std!r}")
+        check(0 <= self.prob <= 1, f"`data.randaugment.prob` must be in [0, 1], got {self.prob!r}")
+        check(0 <= self.fill <= 255, f"`data.randaugment.fill` must be a pixel value in [0, 255], got {self.fill!r}")
         bad = [o for o in self.ops if o not in OPS]
         check(len(self.ops) > 0 and not bad,
-              f"`randaugment.ops` {bad or '[]'} are not ops; choose from {', '.join(OPS)}")
+              f"`data.randaugment.ops` {bad or '[]'} are not ops; choose from {', '.join(OPS)}")
 
     @property
     def param_width(self) -> int:
