@@ -29,6 +29,17 @@ SPECS = sorted((ROOT / "recipes" / "tables").rglob("*.yaml"))
 NAMED_EXCEPTIONS = {"quickstart", "fednsam_resnet18"}  # DESIGN.md: the quick start and the headline recipe
 
 
+@pytest.fixture(autouse=True)
+def _no_hub_download(monkeypatch):
+    """Recipes with ``pretrained: true`` build their timm model without fetching weights (no network in tests)."""
+    import timm
+
+    import fedlight.models.timm as fm
+
+    monkeypatch.setattr(fm, "hub_model", lambda name, num_classes, extra: timm.create_model(
+        name, pretrained=False, num_classes=num_classes, **extra))
+
+
 def rel(p: Path) -> str:
     return str(p.relative_to(ROOT))
 

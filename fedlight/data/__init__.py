@@ -1,10 +1,11 @@
 """Federated datasets: a train set split over clients, a global test set, batches built on the device."""
 
-from fedlight.data.augment import CropFlip
+from fedlight.data.augment import Chain, CropFlip
 from fedlight.data.base import FederatedDataModule
 from fedlight.data.mapstyle import DataModuleClients, DatasetClients, as_federated
 from fedlight.data.partition import IID, Dirichlet, Partitioner, Pathological, QuantitySkew
 from fedlight.data.procedural import MarkovText, SyntheticRegression
+from fedlight.data.randaugment import RandAugment
 from fedlight.data.synthetic import Synthetic, TensorClients
 from fedlight.data.vision import CIFAR10, CIFAR100, FashionMNIST, ImageFolder, OfficeHome, TinyImageNet
 
@@ -27,6 +28,7 @@ PARTITIONERS = ("IID", "Dirichlet", "Pathological", "QuantitySkew")
 __all__ = [
     "CIFAR10",
     "CIFAR100",
+    "Chain",
     "DATASETS",
     "IID",
     "MarkovText",
@@ -42,6 +44,7 @@ __all__ = [
     "Partitioner",
     "Pathological",
     "QuantitySkew",
+    "RandAugment",
     "Synthetic",
     "SyntheticRegression",
     "TensorClients",

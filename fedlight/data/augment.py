@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -57,6 +58,9 @@ class CropFlip:
     pad: int = 4
     flip: bool = True
 
+    param_width = 3
+    """Columns of :meth:`sample`'s result."""
+
     def sample(self, n: int, generator: torch.Generator) -> Tensor:
         """Draw parameters for ``n`` images on CPU: an int64 ``[n, 3]`` tensor (shift_y, shift_x, flip)."""
         shifts = torch.randint(-self.pad, self.pad + 1, (n, 2), generator=generator)
@@ -69,3 +73,46 @@ class CropFlip:
     def apply(self, x: Tensor, params: Tensor) -> Tensor:
         """Augment the batch ``x`` ``[B, C, H, W]`` with the rows of ``params`` (on ``x``'s device)."""
         return crop_flip(x, params[:, 0], params[:, 1], params[:, 2].bool())
+
+
+def resize(x: Tensor, size: int) -> Tensor:
+    """Resize images ``[B, C, H, W]`` to ``size × size`` (bilinear, antialiased; when enlarging that is plain
+    bilinear), rounded back to ``x``'s dtype for integer images; a batch already of that size is returned as it is."""
+    if x.shape[-2:] == (size, size):
+        return x
+    out = F.interpolate(x.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+    if x.dtype.is_floating_point:
+        return out.to(x.dtype)
+    return out.round_().clamp_(0, 255).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Augmentations applied one after another (e.g. ``CropFlip`` then ``RandAugment``).
+
+    Each step's int64 parameters take their own columns of the one parameter tensor, so a caller still draws
+    all of them up front, moves them in one copy and slices rows per batch.
+
+    Args:
+        steps: Objects with ``sample(n, generator) -> int64 [n, param_width]``, ``apply(x, params)`` and
+            ``param_width``.
+    """
+
+    steps: tuple
+
+    @property
+    def param_width(self) -> int:
+        """Columns of :meth:`sample`'s result."""
+        return sum(s.param_width for s in self.steps)
+
+    def sample(self, n: int, generator: torch.Generator) -> Tensor:
+        """Draw every step's parameters for ``n`` images, in order, and put them side by side."""
+        return torch.cat([s.sample(n, generator).long() for s in self.steps], dim=1)
+
+    def apply(self, x: Tensor, params: Tensor) -> Tensor:
+        """Apply the steps in order, each to its own columns of ``params``."""
+        start = 0
+        for s in self.steps:
+            x = s.apply(x, params[:, start:start + s.param_width])
+            start += s.param_width
+        return x

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.data.augment import CropFlip
+from fedlight.data.augment import CropFlip, resize
 from fedlight.data.partition import IID, Partitioner, partition_cached
 from fedlight.errors import ConfigError, DataNotFoundError
 from fedlight.spec import remember_init_args
@@ -108,6 +108,8 @@ class FederatedDataModule:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     augmentation: CropFlip | None = None
+    resize_to: int | None = None
+    """Side to which gathered images are resized on the device (bilinear) before augmentation, train and test."""
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -297,7 +299,7 @@ class FederatedDataModule:
         rows = idx[order.to(self.device)]
         for start, end in bounds:
             r = rows[start:end]
-            x = self._train_x[r]
+            x = self._gather(self._train_x, r)
             if aug is not None:
                 x = aug.apply(x, params[start:end])
             yield self.to_input(x), self._train_y[r]
@@ -311,6 +313,11 @@ class FederatedDataModule:
         order = torch.cat([torch.randperm(n, generator=generator) for _ in range(epochs)])[: bounds[-1][1]]
         return order, bounds
 
+    def _gather(self, source: Tensor, rows: Tensor | slice) -> Tensor:
+        """``source[rows]``, resized to ``resize_to`` when that is set."""
+        x = source[rows]
+        return x if self.resize_to is None else resize(x, self.resize_to)
+
     def batch_sizes(self, client_id: int, num_steps: int) -> tuple[int, ...]:
         """The sizes of the ``num_steps`` batches :meth:`client_batches` yields for ``client_id``."""
         self._require_setup()
@@ -321,7 +328,7 @@ class FederatedDataModule:
         self._require_setup()
         for start in range(0, len(self._test_y), self.eval_batch_size):
             end = start + self.eval_batch_size
-            yield self.to_input(self._test_x[start:end]), self._test_y[start:end]
+            yield self.to_input(self._gather(self._test_x, slice(start, end))), self._test_y[start:end]
 
     def client_labels(self, client_id: int) -> Tensor:
         """The labels of a client's training samples (on the device)."""

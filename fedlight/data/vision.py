@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.data.augment import CropFlip
+from fedlight.data.augment import Chain, CropFlip
 from fedlight.data.base import (
     SUBSET_TEST_TAG,
     SUBSET_TRAIN_TAG,
@@ -30,6 +30,7 @@ from fedlight.data.base import (
 )
 from fedlight.data.cache import IMAGE_EXTENSIONS, cached_decode, decode_key, is_cached
 from fedlight.data.partition import Partitioner
+from fedlight.data.randaugment import RandAugment
 from fedlight.errors import ConfigError
 
 
@@ -94,6 +95,22 @@ def channel_stats(x: Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
     mean = s / count
     std = (s2 / count - mean.square()).clamp_min(1e-12).sqrt()
     return tuple(mean.tolist()), tuple(std.tolist())
+
+
+def image_pipeline(data: FederatedDataModule, native: int, resize: int | None, randaugment: RandAugment | None,
+                   pad: int = 4) -> None:
+    """Set ``data``'s device resize and training augmentation: crop (``pad`` pixels at the native size, scaled with
+    the resize so the crop moves the same fraction of the image) and flip, then RandAugment when given."""
+    if resize is not None and (isinstance(resize, bool) or not isinstance(resize, int) or resize < 1):
+        raise ConfigError(f"`data.resize` must be a positive integer (e.g. 224) or null, got {resize!r}")
+    if randaugment is not None and not isinstance(randaugment, RandAugment):
+        raise ConfigError(f"`data.randaugment` must be a RandAugment (e.g. {{num_ops: 2, magnitude: 9}}), got "
+                          f"{randaugment!r}")
+    side = resize or native
+    data.resize_to = resize
+    data._input_shape = (3, side, side)
+    crop = CropFlip(pad=round(pad * side / native), flip=True)
+    data.augmentation = crop if randaugment is None else Chain((crop, randaugment))
 
 
 def _common(self: FederatedDataModule, kw: dict) -> None:
@@ -162,6 +179,10 @@ class CIFAR10(FederatedDataModule):
 
     Args:
         download: Download the torchvision pickles when no copy is found (needs internet).
+        resize: Resize train and test images on the device to ``resize x resize`` (bilinear) right after the
+            gather, e.g. 224 for ImageNet-pretrained ViT/Swin; the crop padding scales along (4 px at 32 -> 28
+            at 224). None keeps 32x32.
+        randaugment: Add RandAugment after the crop and flip (batched on the device, seeded per client).
     """
 
     _num_classes, _input_shape = 10, (3, 32, 32)
@@ -170,9 +191,11 @@ class CIFAR10(FederatedDataModule):
     pickle_dir, folders, label_key, title = "cifar-10-batches-py", ("cifar10-jpeg", "cifar10"), "labels", "CIFAR-10"
     pickle_files = {True: [f"data_batch_{i}" for i in range(1, 6)], False: ["test_batch"]}
 
-    def __init__(self, download: bool = False, **kwargs):
+    def __init__(self, download: bool = False, resize: int | None = None, randaugment: RandAugment | None = None,
+                 **kwargs):
         super().__init__(**kwargs)  # the common arguments (listed in the docstring)
         self.download = download
+        image_pipeline(self, 32, resize, randaugment)
 
     def _download(self, root: Path) -> None:
         from torchvision import datasets
@@ -215,6 +238,8 @@ class CIFAR100(CIFAR10):
 
     Args:
         download: Download the torchvision pickles when no copy is found (needs internet).
+        resize: Resize train and test images on the device to ``resize x resize`` (bilinear), e.g. 224.
+        randaugment: Add RandAugment after the crop and flip (batched on the device, seeded per client).
     """
 
     _num_classes = 100
@@ -292,6 +317,9 @@ class TinyImageNet(FederatedDataModule):
 
     Args:
         dirname: Name of the dataset folder under the data root.
+        resize: Resize train and test images on the device to ``resize x resize`` (bilinear) right after the
+            gather, e.g. 224; the crop padding scales along (4 px at 64 -> 14 at 224). None keeps 64x64.
+        randaugment: Add RandAugment after the crop and flip (batched on the device, seeded per client).
     """
 
     _input_shape = (3, 64, 64)
@@ -301,10 +329,13 @@ class TinyImageNet(FederatedDataModule):
     def __init__(
         self,
         dirname: str = "tiny-imagenet-200",
+        resize: int | None = None,
+        randaugment: RandAugment | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)  # the common arguments (listed in the docstring)
         self.dirname = dirname
+        image_pipeline(self, 64, resize, randaugment)
 
     def _load(self, train: bool, keep: int | None, rng: np.random.Generator) -> tuple[Tensor, Tensor]:
         base = data_root(self.root) / self.dirname

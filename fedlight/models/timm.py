@@ -1,4 +1,4 @@
-"""Any timm model (ViT-B, Swin, DeiT, ...), from a local checkpoint, optionally with LoRA adapters."""
+"""Any timm model (ViT-B, Swin, DeiT, ...): random init, timm's Hub weights or a local checkpoint; optional LoRA."""
 
 from __future__ import annotations
 
@@ -43,7 +43,15 @@ class LoRA:
 
 
 class Timm(nn.Module):
-    """A model from timm, created without downloading anything; weights come from an optional local file.
+    """A model from timm: random init, pretrained weights from the Hugging Face Hub (via timm), or a local file.
+
+    ``pretrained: true`` loads timm's Hub weights for ``name``; a name may carry timm's weight tag, e.g.
+    ``swin_tiny_patch4_window7_224.ms_in22k`` (ImageNet-22K, as the FedAdamW paper) or
+    ``vit_base_patch16_224.orig_in21k`` (the original ViT-B/16 ImageNet-21K weights); without a tag timm's default
+    tag is used. Once downloaded they are cached by ``huggingface_hub`` and found offline. When the Hub cannot be
+    reached and they are not cached (``HF_HUB_OFFLINE=1``, no network), construction fails with a
+    :class:`~fedlight.errors.ConfigError` naming the fix: a local ``checkpoint``. A ``checkpoint`` always wins over
+    ``pretrained`` (nothing is fetched).
 
     The timm model is ``self.model``; this wrapper only adds loading and LoRA. Examples of ``name``:
     ``vit_base_patch16_224``, ``swin_tiny_patch4_window7_224``, ``swin_small_patch4_window7_224``,
@@ -58,8 +66,10 @@ class Timm(nn.Module):
     Args:
         name: A timm model name (see ``timm.list_models()``).
         num_classes: Number of output logits (size of the new classifier head).
-        checkpoint: Path to a local weights file loaded with ``torch.load(weights_only=True)``; None for random
-            init.
+        checkpoint: Path to a local weights file (``.safetensors``, or anything ``torch.load(weights_only=True)``
+            reads); None for random init or Hub weights.
+        pretrained: Load timm's pretrained weights for ``name`` from the Hugging Face Hub (or its local cache)
+            when no ``checkpoint`` is given; the classifier head is replaced to fit ``num_classes``.
         img_size: Input image size, for models that take one (ViT, Swin); None keeps the model's default.
         lora: Add LoRA adapters and freeze everything else except the classifier head; None for full training.
         kwargs: Further keyword arguments for ``timm.create_model`` (e.g. ``{"depth": 2, "patch_size": 4}``).
@@ -70,6 +80,7 @@ class Timm(nn.Module):
         name: str,
         num_classes: int = 100,
         checkpoint: str | None = None,
+        pretrained: bool = False,
         img_size: int | None = None,
         lora: LoRA | None = None,
         kwargs: dict[str, Any] | None = None,
@@ -89,8 +100,10 @@ class Timm(nn.Module):
         extra = dict(kwargs or {})
         if img_size is not None:
             extra["img_size"] = img_size
+        hub = bool(pretrained) and checkpoint is None
         try:
-            self.model = timm.create_model(name, pretrained=False, num_classes=num_classes, **extra)
+            self.model = hub_model(name, num_classes, extra) if hub else timm.create_model(
+                name, pretrained=False, num_classes=num_classes, **extra)
         except TypeError as e:
             raise ConfigError(f"`model.kwargs`/`model.img_size` not accepted by timm model {name!r}: {e}") from e
         if checkpoint is not None:
@@ -102,6 +115,39 @@ class Timm(nn.Module):
         return self.model(x)
 
 
+def hub_model(name: str, num_classes: int, extra: dict[str, Any]) -> nn.Module:
+    """``timm.create_model(name, pretrained=True, ...)``; a :class:`ConfigError` naming the fix when timm has no
+    weights for ``name`` or the Hub cannot be reached and the weights are not cached."""
+    try:
+        cfg = timm.models.get_pretrained_cfg(name)
+    except RuntimeError:  # an unknown weight tag
+        cfg = None
+    source = getattr(cfg, "hf_hub_id", None) or getattr(cfg, "url", None)
+    if not source:
+        tags = timm.list_pretrained(name.split(".")[0] + ".*")
+        hint = f"; weights timm has: {', '.join(tags[:8])}" if tags else ""
+        raise ConfigError(f"`model.pretrained`: timm has no pretrained weights for {name!r}{hint}; name one of those "
+                          "(or set `model.pretrained: false`, or give a local `model.checkpoint`)")
+    try:
+        return timm.create_model(name, pretrained=True, num_classes=num_classes, **extra)
+    except OSError as e:  # huggingface_hub's offline / not-cached / HTTP errors and network errors are OSErrors
+        offline = " (HF_HUB_OFFLINE is set)" if _hub_offline() else ""
+        raise ConfigError(
+            f"`model.pretrained: true` needs the weights {source} from the Hugging Face Hub, which cannot be reached"
+            f"{offline} and has no cached copy ({type(e).__name__}). Fix: on a machine with a network run "
+            f"`huggingface-cli download {source}` (or run once online so they are cached) and set "
+            "`model.init_args.checkpoint` to the local weights file (model.safetensors or a .pth/.bin)"
+        ) from None
+
+
+def _hub_offline() -> bool:
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return False
+    return bool(constants.HF_HUB_OFFLINE)
+
+
 def _classifier_prefixes(model: nn.Module) -> tuple[str, ...]:
     names = model.pretrained_cfg.get("classifier", "head") if hasattr(model, "pretrained_cfg") else "head"
     names = (names,) if isinstance(names, str) else tuple(names)
@@ -111,7 +157,7 @@ def _classifier_prefixes(model: nn.Module) -> tuple[str, ...]:
 def load_checkpoint(model: nn.Module, path: str) -> None:
     """Load weights from the local file ``path`` into the timm ``model`` (see :class:`Timm` for the rules)."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = _read_weights(path)
     except Exception as e:  # noqa: BLE001 - any unreadable file is a configuration problem
         raise ConfigError(f"`model.checkpoint` {path!r} could not be read as weights: {e}") from e
     for key in ("model", "state_dict"):
@@ -150,6 +196,15 @@ def load_checkpoint(model: nn.Module, path: str) -> None:
             f"e.g. {result.unexpected_keys[:5]}",
             stacklevel=3,
         )
+
+
+def _read_weights(path: str) -> Any:
+    """A ``.safetensors`` file (as the Hub serves timm weights), else ``torch.load(weights_only=True)``."""
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        return load_file(path, device="cpu")
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def apply_lora(model: nn.Module, lora: LoRA) -> None:

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 from torch import nn
 
 from fedlight.runners.base import ClientJob, ClientOutcome, ClientRunner, TrainSetup
@@ -39,11 +41,19 @@ def select_runner(cfg, setup: TrainSetup, algorithm: str) -> tuple[ClientRunner,
     return SequentialRunner(setup), reason
 
 
+def _drops(m: nn.Module) -> bool:
+    """Dropout with p > 0, or stochastic depth (timm's ``DropPath`` with ``drop_prob > 0``, as in Swin/ViT)."""
+    if isinstance(m, nn.modules.dropout._DropoutNd):
+        return m.p > 0
+    p = getattr(m, "drop_prob", None)
+    return isinstance(p, numbers.Real) and p > 0
+
+
 def _why_not_stacked(setup: TrainSetup) -> str | None:
     if setup.device.type != "cuda":
         return f"{setup.device.type} device (stacked clients pay off on CUDA; force with vmap)"
     if setup.local.stacked_unsupported is not None:
         return f"the rule cannot run stacked ({setup.local.stacked_unsupported})"
-    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in setup.model.modules()):
+    if any(_drops(m) for m in setup.model.modules()):
         return "the model has dropout (stacked clients draw different masks than sequential ones)"
     return None

@@ -1,0 +1,146 @@
+"""Swin/ViT fine-tuning path: Hub weights (mocked, never downloaded), the offline error, device resize +
+RandAugment in a CIFAR-100 module, and one round of ``fedlight.fit`` with a tiny Swin through all of it."""
+
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+import fedlight
+from fedlight import cli, models
+from fedlight.args import LoopConfig
+from fedlight.data import CIFAR100, Dirichlet, RandAugment
+from fedlight.errors import ConfigError
+from fedlight.sampling import client_generator
+
+ROOT = Path(__file__).resolve().parents[2]
+VIT = {"img_size": 32, "kwargs": {"patch_size": 4, "depth": 1}}
+SWIN = {"img_size": 64, "kwargs": {"patch_size": 8, "window_size": 4, "depths": (1, 1), "num_heads": (1, 2),
+                                   "embed_dim": 16}}
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """The Hub is unreachable and its cache empty: HF_HUB_OFFLINE=1 with a fresh cache folder."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+
+
+def test_pretrained_offline_is_one_config_error_naming_the_checkpoint_fix(offline):
+    with pytest.raises(ConfigError) as e:
+        models.Timm("vit_tiny_patch16_224.augreg_in21k", num_classes=10, pretrained=True, **VIT)
+    msg = str(e.value)
+    assert "`model.pretrained: true`" in msg and "HF_HUB_OFFLINE" in msg
+    assert "`model.init_args.checkpoint`" in msg and "timm/vit_tiny_patch16_224.augreg_in21k" in msg
+
+
+def test_pretrained_offline_exits_2_before_round_1(offline, tmp_path, capsys):
+    cfg = tmp_path / "swin.yaml"
+    cfg.write_text("model:\n  class_path: fedlight.models.Timm\n  init_args: {name: vit_tiny_patch16_224.augreg_in21k,"
+                   " pretrained: true, num_classes: 10, img_size: 32, kwargs: {patch_size: 4, depth: 1}}\n")
+    out = tmp_path / "run"
+    code = cli.main(["fit", "--config", str(ROOT / "tests/configs/tiny.yaml"), "--config", str(cfg),
+                     "--out_dir", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and err.count("error:") == 1, err
+    assert "model.init_args.checkpoint" in err and not (out / "metrics.jsonl").exists()
+
+
+def test_pretrained_unknown_weights_name_the_choices():
+    with pytest.raises(ConfigError, match="`model.pretrained`.*augreg_in21k"):
+        models.Timm("vit_tiny_patch16_224.no_such_tag", pretrained=True, **VIT)
+
+
+def test_pretrained_loads_hub_weights_and_replaces_the_head(monkeypatch):
+    source = timm.create_model("vit_tiny_patch16_224", num_classes=21843, img_size=32, patch_size=4, depth=1)
+    asked = []
+
+    def fake_hub(model_id, filename=None, **kw):  # what timm fetches from the Hub, without the network
+        asked.append(model_id)
+        return {k: v.clone() for k, v in source.state_dict().items()}
+
+    monkeypatch.setattr(timm.models._builder, "load_state_dict_from_hf", fake_hub)
+    model = models.Timm("vit_tiny_patch16_224.augreg_in21k", num_classes=10, pretrained=True, **VIT)
+    assert asked == ["timm/vit_tiny_patch16_224.augreg_in21k"]
+    assert torch.equal(model.model.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
+    assert torch.equal(model.model.pos_embed, source.pos_embed) and model.model.head.weight.shape == (10, 192)
+
+
+def test_local_checkpoint_wins_over_pretrained_and_safetensors_load(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    source = models.Timm("vit_tiny_patch16_224", num_classes=10, **VIT)
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in source.model.state_dict().items()}, str(path))
+    monkeypatch.setattr(timm.models._builder, "load_state_dict_from_hf", lambda *a, **k: pytest.fail("fetched"))
+    loaded = models.Timm("vit_tiny_patch16_224.augreg_in21k", num_classes=10, pretrained=True, checkpoint=str(path),
+                         **VIT)
+    for k, v in source.model.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[k], v), k
+
+
+# ---------------------------------------------------------------------------------------------- data + fit
+def fake_cifar100(root: Path, n_train=96, n_test=16):
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name, n in (("train", n_train), ("test", n_test)):
+        data = {"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8), "fine_labels": list(np.arange(n) % 10)}
+        with open(folder / name, "wb") as f:
+            pickle.dump(data, f)
+
+
+def cifar(root, **kw):
+    return CIFAR100(root=str(root), num_clients=4, batch_size=8, partition=Dirichlet(0.5), resize=64,
+                    randaugment=RandAugment(), eval_batch_size=8, **kw)
+
+
+def test_resized_randaugmented_batches_are_seeded_per_client(tmp_path):
+    fake_cifar100(tmp_path)
+    data = cifar(tmp_path)
+    data.setup("cpu", seed=0)
+    assert data.input_shape == (3, 64, 64) and data.augmentation.steps[0].pad == 8  # 4 px at 32 -> 8 at 64
+
+    def batches(r, c):
+        return [x for x, _ in data.client_batches(c, 3, client_generator(0, r, c))]
+
+    a, b = batches(1, 2), batches(1, 2)
+    assert all(x.shape == (8, 3, 64, 64) and x.dtype == torch.float32 for x in a)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))  # same (seed, round, client): same images
+    assert not torch.equal(batches(2, 2)[0], a[0]) and not torch.equal(batches(1, 3)[0], a[0])
+    x, _ = next(data.test_batches())  # the test set is resized, never augmented
+    plain = CIFAR100(root=str(tmp_path), num_clients=4, batch_size=8, eval_batch_size=8)
+    plain.setup("cpu", seed=0)
+    from fedlight.data.augment import resize
+    assert x.shape == (8, 3, 64, 64) and torch.equal(x, plain.to_input(resize(plain._test_x[:8], 64)))
+    lo, hi = plain.to_input(torch.zeros(1, 3, 1, 1)), plain.to_input(torch.full((1, 3, 1, 1), 255.0))
+    assert (a[0] >= lo - 1e-5).all() and (a[0] <= hi + 1e-5).all()
+
+
+def test_one_round_of_fit_with_a_tiny_swin_at_the_resized_size(tmp_path):
+    fake_cifar100(tmp_path)
+    torch.manual_seed(0)
+    model = models.Timm("swin_tiny_patch4_window7_224", num_classes=100, **SWIN)
+    algo = fedlight.algorithms.FedAdamW(blocks="hessian", head_dim=16, local_schedule="cosine")
+    loop = LoopConfig(rounds=1, clients_per_round=2, local_steps=2, lr=1e-4, progress=False)
+    fedlight.fit(model, cifar(tmp_path), algo, loop=loop, seed=0, out_dir=str(tmp_path / "run"))
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["round"] == 1 and np.isfinite(row["train_loss"]) and 0 <= row["test_acc"] <= 1
+
+
+def test_drop_path_counts_as_dropout_for_the_runner_choice():
+    from fedlight.runners import _drops
+
+    def swin(rate):
+        return models.Timm("swin_tiny_patch4_window7_224", num_classes=10, img_size=64,
+                           kwargs={**SWIN["kwargs"], "drop_path_rate": rate})
+
+    assert any(_drops(m) for m in swin(0.2).modules())  # timm's Swin default is 0.1 as well
+    assert not any(_drops(m) for m in swin(0.0).modules())
