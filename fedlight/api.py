@@ -13,6 +13,7 @@ from fedlight.args import LoopConfig
 from fedlight.data import FederatedDataModule
 from fedlight.errors import ConfigError, check
 from fedlight.rules import Algorithm
+from fedlight.run import stops
 from fedlight.run.directory import LOCK_NAME, check_out_dir, differences, settings_hash, split_settings
 from fedlight.run.files import load_checkpoint
 from fedlight.run.record import RUN_FILES, RunRecord
@@ -90,7 +91,8 @@ def fit(
             print(f"fedlight: run directory {out}", file=sys.stderr, flush=True)
         refused = False
         record.open(text, data, overwrite=overwrite and ckpt is None, fresh=ckpt is None)
-        return runner.fit(record)
+        with stops.stop_signals(), stops.disk_guard(record):  # clean stops on signals and failed writes
+            return runner.fit(record)
     finally:
         record.close(refused=refused)
 
