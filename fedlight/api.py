@@ -62,6 +62,12 @@ def fit(
 
     Returns:
         The summary (also written to ``out_dir/summary.json``).
+
+    Raises:
+        fedlight.run.stops.Stopped: ``SIGTERM``, ``SIGINT`` or ``SIGUSR1`` arrived; the run stopped after the round in
+            progress with that round's checkpoint on disk (``--resume auto`` continues it).
+        fedlight.run.stops.RunDirError: a write to ``out_dir`` failed during the run; the message names the file and
+            the last complete checkpoint.
     """
     from fedlight.advice import check_scales
 

@@ -19,6 +19,11 @@ Cell ``row/col`` runs, for seed k, as the subprocess ``python -m fedlight.cli fi
 --seed k --out_dir OUT/<row>/<col>/seed<k> --resume auto``: ``--jobs`` is process parallelism, finished runs
 are skipped, interrupted ones resume, and ``reproduce.json`` keeps another command from reusing a run folder.
 Accuracies are in %, like the papers' tables.
+
+Launchers: ``--launcher local`` (default) runs the processes here, ``--jobs`` at a time (or ``--per-gpu N`` per
+visible GPU); ``--launcher slurm`` submits them as Slurm jobs through submitit (:mod:`fedlight.lab.slurm`), requeued
+with ``--resume auto`` on preemption or time-out. Either way each run folder keeps ``fit.log`` and ``job.json``, and
+``--status`` shows where every run stands (:mod:`fedlight.lab.jobs`).
 """
 
 from __future__ import annotations

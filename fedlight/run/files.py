@@ -74,8 +74,10 @@ def fault(point: str, round: int) -> None:
 def _pause() -> None:
     from fedlight.run import stops
 
-    if os.environ.pop("FEDLIGHT_FAULT", None) is None:  # once
-        return
+    import torch.distributed as dist
+
+    if os.environ.pop("FEDLIGHT_FAULT", None) is None or (dist.is_initialized() and dist.get_rank() != 0):
+        return  # once, and on global rank 0 only (the others wait for it in the round's all-reduce)
     if os.environ.get("FEDLIGHT_FAULT_READY"):
         Path(os.environ["FEDLIGHT_FAULT_READY"]).touch()
     deadline = time.monotonic() + 60

@@ -69,13 +69,13 @@ def _lines(out):
     return path.read_text().splitlines() if path.is_file() else []
 
 
-def _stop(out, name, round):
+def _stop(out, name, round, *extra):
     """Start (or resume) a real ``fedlight fit`` that waits inside ``round`` for a stop signal; send the signal once
     metrics.jsonl has a line and the run waits; return stderr."""
     ready = Path(out).parent / f"paused{round}"
     env = {**os.environ, "FEDLIGHT_FAULT": f"train@{round}:pause", "FEDLIGHT_FAULT_READY": str(ready)}
-    proc = subprocess.Popen(_cmd(out, "--resume", "auto"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(_cmd(out, "--resume", "auto", *extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 120
     while not (_lines(out) and ready.exists()):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -99,6 +99,16 @@ def test_signals_stop_after_the_round_write_its_checkpoint_and_resume_bitwise(re
         assert _ckpt_round(out) == round and _rounds(out) == list(range(1, round + 1))
         assert not list((out / "checkpoints").glob(".*.tmp")) and not (out / "summary.json").exists()
         assert not (out / ".fedlight.lock").exists()
+    _assert_same(out, reference)
+
+
+def test_a_signal_to_one_of_two_processes_stops_both_after_the_same_round(reference, tmp_path):
+    """`--devices 2`: SIGTERM reaches rank 0 only (rank 1 is its child); the processes agree after the round and
+    both stop; the run then resumes on one process and ends where the uninterrupted run ends."""
+    out = tmp_path / "run"
+    err = _stop(out, "SIGTERM", 2, "--devices", "2", "--accelerator", "cpu")
+    assert err.count("stopped at round 2 by SIGTERM") == 1 and "Traceback" not in err, err
+    assert _ckpt_round(out) == 2 and _rounds(out) == [1, 2]
     _assert_same(out, reference)
 
 
