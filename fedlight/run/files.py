@@ -72,9 +72,9 @@ def fault(point: str, round: int) -> None:
 
 
 def _pause() -> None:
-    from fedlight.run import stops
-
     import torch.distributed as dist
+
+    from fedlight.run import stops
 
     if os.environ.pop("FEDLIGHT_FAULT", None) is None or (dist.is_initialized() and dist.get_rank() != 0):
         return  # once, and on global rank 0 only (the others wait for it in the round's all-reduce)
