@@ -300,7 +300,8 @@ def run_all(runs: list[Run], jobs: int, slots: list[str] | None = None) -> dict[
         with lock:
             counts[status] = counts.get(status, 0) + 1
             hint = {"failed": f" — see {run.path / 'fit.log'}", "conflict": f" — {run.path} was made by another "
-                    "command (reproduce.json); delete it or pass another --out"}.get(status, "")
+                    "command (reproduce.json); delete it or pass another --out",
+                    "stopped": " — by a signal, after a round; the same command resumes it"}.get(status, "")
             print(f"[{sum(counts.values())}/{len(todo)}] {run.cell.run_key} seed{run.seed}: {status} "
                   f"({time.time() - t:.0f} s){hint}", flush=True)
 
@@ -371,7 +372,7 @@ def cmd_reproduce(argv: list[str]) -> int:
     command = shlex.join(["fedlight", "reproduce", *argv])
     print(rep.write_table(spec, spec_path, cs, done, seeds, out, command, a.shrink, a.jobs))
     print(f"\nwrote {out / 'table.md'} and {out / 'table.csv'}")
-    return 1 if counts.get("failed") or counts.get("conflict") else 0
+    return 1 if counts.get("failed") or counts.get("conflict") or counts.get("stopped") else 0
 
 
 # ------------------------------------------------------------------------------------------------ launchers
@@ -424,7 +425,12 @@ def launch(a: argparse.Namespace, spec: dict[str, Any], runs: list[Run], out: Pa
     from fedlight.lab import slurm
 
     res = slurm.resources(spec, _slurm_flags(a))
-    todo = [r for r in {r.path: r for r in runs}.values() if r.valid() and not rep.finished(r.path)]
+    distinct = list({r.path: r for r in runs}.values())
+    for r in distinct:
+        if not r.valid():
+            print(f"{r.cell.run_key} seed{r.seed}: conflict — {r.path} was made by another command (reproduce.json); "
+                  "delete it or pass another --out", flush=True)
+    todo = [r for r in distinct if r.valid() and not rep.finished(r.path)]
     handles = slurm.submit(todo, res, out, a.cluster) if todo else []
     print(f"submitted {len(todo)} runs in {len(handles)} jobs ({', '.join(h.job_id for h in handles) or '-'}); "
           f"see them with: fedlight reproduce {a.spec} --status" + (f" --out {a.out}" if a.out else ""), flush=True)
@@ -438,7 +444,7 @@ def _status(a: argparse.Namespace, out: Path, runs: list[Run]) -> int:
     from fedlight.lab import jobs
 
     scheduler = None
-    if a.launcher == "slurm" and a.cluster == "slurm":
+    if any(jobs.read(r.path).get("launcher") == "slurm" for r in runs):  # submitted with sbatch: sacct knows more
         from fedlight.lab import slurm
 
         scheduler = slurm.scheduler_state(out)
