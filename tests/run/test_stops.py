@@ -16,7 +16,7 @@ from fedtest import image_clients, tiny_cnn
 
 from fedlight.args import LoopConfig
 from fedlight.data import TensorClients
-from fedlight.run import stops
+from fedlight.run import files, stops
 
 TINY = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
 FLAGS = ["--loop.rounds", "5", "--loop.eval_every", "1", "--loop.save_every", "3"]  # checkpoint at 3 and 5
@@ -167,6 +167,8 @@ def test_a_removed_run_directory_is_one_error_and_no_thread_traceback(tmp_path, 
 
     def remove_at_round_3(point, round):
         if (point, round) == ("train", 3) and out.exists():
+            for drain in list(files.FAULT_HOOKS):  # round 2's writes are done: nothing recreates files meanwhile
+                drain()
             shutil.rmtree(out)
         real(point, round)
 
@@ -176,7 +178,17 @@ def test_a_removed_run_directory_is_one_error_and_no_thread_traceback(tmp_path, 
                      LoopConfig(rounds=4, clients_per_round=2, local_steps=1, progress=False), out_dir=str(out))
     assert e.value.status == 74
     assert str(e.value).startswith(f"cannot write {out}")
-    assert "which is gone: the run starts over" in str(e.value)
+    assert "the run directory was removed" in str(e.value) and "which is gone: the run starts over" in str(e.value)
     assert not out.exists()  # not made again, half empty
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception in thread" not in err, err
+
+
+def test_the_exit_statuses_are_in_the_help(capsys):
+    from fedlight.cli import main
+
+    assert main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "74 a write to the run directory failed during the run" in text
+    assert "130/138/143 stopped by SIGINT/SIGUSR1/SIGTERM" in text
+    assert [128 + int(getattr(signal, s)) for s in stops.STOP_SIGNALS] == [143, 130, 138]
