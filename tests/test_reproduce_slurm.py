@@ -100,7 +100,8 @@ def test_slurm_resources_come_from_the_spec_and_the_flags(tmp_path):
     assert params["timeout_min"] == 1590 and params["slurm_partition"] == "gpu" and params["mem_gb"] == 64
     generic, own = submitit.AutoExecutor._valid_parameters(), submitit.SlurmExecutor._valid_parameters()
     assert all(k in generic or (k.startswith("slurm_") and k[6:] in own) for k in params)  # names submitit knows
-    assert slurm.Resources(time=90).minutes() == 90 and slurm.Resources(time="45").minutes() == 45
+    assert [slurm.Resources(time=t).minutes() for t in (90, "45", "1:30", "2:00:00", "1-2", "1-0:30")] == \
+        [90, 45, 2, 120, 26 * 60, 24 * 60 + 30]  # sbatch's forms (seconds rounded up to a minute)
     with pytest.raises(ConfigError, match="unknown keys.*'partitoin'"):
         slurm.resources({"slurm": {"partitoin": "gpu"}}, {})
     with pytest.raises(ConfigError, match="--time"):

@@ -55,7 +55,10 @@ class Resources:
         ok = all(p.isdigit() for p in [*hms.split(":"), *([days] if days else [])]) and hms.count(":") <= 2
         check(ok, f"`--time` (or the spec's `slurm.time`) {t!r}: give minutes or [D-]HH:MM:SS, e.g. 4:00:00")
         parts = [int(p) for p in hms.split(":")]
-        h, m, s = ([0] * (3 - len(parts)) + parts) if len(parts) > 1 else (0, parts[0], 0)
+        if days:  # D-H, D-H:M, D-H:M:S
+            h, m, s = parts + [0] * (3 - len(parts))
+        else:  # M, M:S, H:M:S (as sbatch reads them)
+            h, m, s = [0, *parts] if len(parts) == 2 else ([0, parts[0], 0] if len(parts) == 1 else parts)
         return (int(days or 0) * 24 + h) * 60 + m + (s > 0)
 
     def per_job(self) -> int:
