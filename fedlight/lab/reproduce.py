@@ -387,12 +387,12 @@ def _cluster_arguments(p: argparse.ArgumentParser) -> None:
                    "(pip install 'fedlight[slurm]'), requeued with --resume auto on preemption or time-out")
     g.add_argument("--cluster", choices=("slurm", "local"), default="slurm", help="with --launcher slurm: submit "
                    "with sbatch (slurm), or rehearse with submitit's local executor, jobs as processes here (local)")
-    g.add_argument("--per-gpu", type=int, default=None, help="runs side by side per GPU: local launcher: N "
-                   "processes per visible GPU; slurm: N runs per GPU of each job (per job without --gpus)")
+    g.add_argument("--per-gpu", type=int, default=None, metavar="N", help="runs side by side per GPU: local "
+                   "launcher: N processes per visible GPU; slurm: N runs per GPU of each job (per job without --gpus)")
     g.add_argument("--partition", help="Slurm partition")
     g.add_argument("--time", help="time limit per job: minutes or [D-]HH:MM:SS (default 4:00:00); a job that "
                    "reaches it is requeued and its runs resume")
-    g.add_argument("--gpus", type=int, help="GPUs per job (default 0)")
+    g.add_argument("--gpus", type=int, metavar="G", help="GPUs per job (default 0)")
     g.add_argument("--cpus", type=int, help="CPUs per job")
     g.add_argument("--mem", type=int, help="memory per job, GB")
     g.add_argument("--account", help="Slurm account")
