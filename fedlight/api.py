@@ -14,6 +14,7 @@ from fedlight.args import LoopConfig
 from fedlight.data import FederatedDataModule, as_federated
 from fedlight.errors import ConfigError, check
 from fedlight.rules import Algorithm
+from fedlight.run import stops
 from fedlight.run.directory import LOCK_NAME, check_out_dir, differences, settings_hash, split_settings
 from fedlight.run.files import load_checkpoint
 from fedlight.run.record import RUN_FILES, RunRecord
@@ -71,6 +72,12 @@ def fit(
 
     Returns:
         The summary (also written to ``out_dir/summary.json``).
+
+    Raises:
+        fedlight.run.stops.Stopped: ``SIGTERM``, ``SIGINT`` or ``SIGUSR1`` arrived; the run stopped after the round in
+            progress with that round's checkpoint on disk (``--resume auto`` continues it).
+        fedlight.run.stops.RunDirError: a write to ``out_dir`` failed during the run; the message names the file and
+            the last complete checkpoint.
     """
     algorithm = algorithm if algorithm is not None else _default_algorithm()
     data = as_federated(data)
@@ -91,7 +98,8 @@ def fit(
         _annotate(record, runner, ckpt, defining, execution, seed)
         refused = False
         record.open(text, data, overwrite=overwrite and ckpt is None, fresh=ckpt is None)
-        return runner.fit(record)
+        with stops.stop_signals(), stops.disk_guard(record):  # clean stops on signals and failed writes
+            return runner.fit(record)
     finally:
         record.close(refused=refused)
 

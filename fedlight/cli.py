@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 from fedlight.errors import ConfigError
+from fedlight.run.stops import EXIT_STATUSES, Stopped
 
 # name -> ("module:function", one help line). Resolved on use, so `fedlight ls` imports no research tooling.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -29,7 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 USAGE = "usage: fedlight <command> [options]\n\ncommands:\n" + "".join(
     f"  {name:<10} {line}\n" for name, (_, line) in COMMANDS.items()) + \
-    "  help       this message (or: fedlight <command> --help)\n"
+    "  help       this message (or: fedlight <command> --help)\n\n" + \
+    textwrap.fill(f"fedlight fit {EXIT_STATUSES}", 100)
 
 
 def command(name: str) -> Callable[[list[str]], int]:
@@ -84,7 +87,8 @@ def _parser(prog: str):
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     p = ArgumentParser(prog=prog, exit_on_error=False, description=SCHEMA, allow_abbrev=False,
-                       usage=f"{prog} --config RECIPE.yaml [--KEY VALUE ...]", formatter_class=Formatter)
+                       usage=f"{prog} --config RECIPE.yaml [--KEY VALUE ...]", formatter_class=Formatter,
+                       epilog=EXIT_STATUSES[0].upper() + EXIT_STATUSES[1:])
     p.add_argument("--config", action=ActionConfigFile, help="recipe YAML file")
     p.add_function_arguments(api.fit, skip={"_config_text"}, fail_untyped=False)
     return p
@@ -283,10 +287,20 @@ def main(argv: list[str] | None = None) -> int:
             return command(cmd)(rest)
     except ConfigError as e:
         print(f"fedlight {cmd}: error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "status", 2)  # 74: a write to the run directory failed during the run
+    except Stopped as e:  # a signal stopped the run after a finished round (its checkpoint is on disk)
+        if _rank() == 0:
+            print(f"fedlight: {e}", file=sys.stderr)
+        return e.status
     except KeyboardInterrupt:
         print("fedlight: interrupted; finished rounds are kept (resume with --resume auto)", file=sys.stderr)
         return 130
+
+
+def _rank() -> int:
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    return getattr(rank_zero_only, "rank", 0)
 
 
 def recipes_dir() -> Path:

@@ -17,6 +17,7 @@ import torch
 
 from fedlight import params as P
 from fedlight.errors import ConfigError
+from fedlight.run import stops
 from fedlight.run.files import (
     atomic_torch_save,
     cpu_copy,
@@ -128,12 +129,15 @@ class Fitting:
                 self.totals["wall_time_s"] = wall0 + time.perf_counter() - t_fit
                 row["rss_mb"] = rss_mb()
                 snapshot = None
-                if ((r + 1) % cfg.save_every == 0 or r + 1 == cfg.rounds) and fabric.global_rank == 0:
+                stop = stops.agreed(fabric) if r + 1 < cfg.rounds else None  # SIGTERM, SIGINT, SIGUSR1
+                if ((r + 1) % cfg.save_every == 0 or r + 1 == cfg.rounds or stop) and fabric.global_rank == 0:
                     t = time.perf_counter()
                     record.flush()  # the previous checkpoint is durable before the store drops files it named
                     snapshot = self.checkpoint_state(r + 1)
                     row["checkpoint_time_s"] = time.perf_counter() - t  # on the critical path: wait + snapshot
                 record.round_done(row, snapshot)
+                if stop:
+                    stops.stop_here(record, r + 1, stop)  # raises stops.Stopped once the row and checkpoint are on disk
             return self.finish(record)
         finally:
             if own:

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("fedlight.data", "fedlight.models", "fedlight.cli", "fedlight.lab", "fedlight.api", "fedlight.loop",
-         "lightning", "jsonargparse", "torchvision")
+         "lightning", "jsonargparse", "torchvision", "submitit")
 
 
 def _imported(statement: str) -> list[str]:

@@ -20,6 +20,11 @@ Cell ``row/col`` runs, for seed k, as the subprocess ``python -m fedlight.cli fi
 --seed k --out_dir OUT/<row>/<col>/seed<k> --resume auto``: ``--jobs`` is process parallelism, finished runs
 are skipped, interrupted ones resume, and ``reproduce.json`` keeps another command from reusing a run folder.
 Accuracies are in %, like the papers' tables.
+
+Launchers: ``--launcher local`` (default) runs the processes here, ``--jobs`` at a time (or ``--per-gpu N`` per
+visible GPU); ``--launcher slurm`` submits them as Slurm jobs through submitit (:mod:`fedlight.lab.slurm`), requeued
+with ``--resume auto`` on preemption or time-out. Either way each run folder keeps ``fit.log`` and ``job.json``, and
+``--status`` shows where every run stands (:mod:`fedlight.lab.jobs`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -45,7 +51,7 @@ from fedlight.lab import report as rep
 
 SHRINK_KEYS = {"rounds": "loop.rounds", "subset": "data.init_args.subset", "test_subset": "data.init_args.test_subset"}
 SPEC_KEYS = {"title", "base", "metric", "also", "overrides", "rows", "columns", "cell_overrides", "paper", "notes",
-             "seeds"}
+             "seeds", "slurm"}
 
 
 @dataclass
@@ -261,8 +267,11 @@ def plan(spec, cs: list[Cell], seeds: list[int], out: Path, shrink: str | None,
     return runs
 
 
-def run_one(run: Run, env: dict) -> str:
-    """Run (or resume, or skip) one seed of one cell: 'done', 'diverged', 'skipped', 'failed' or 'conflict'."""
+def run_one(run: Run, env: dict, call=None, mark: bool = True) -> str:
+    """Run (or resume, or skip) one seed of one cell: 'done', 'diverged', 'skipped', 'failed', 'stopped' (by a
+    signal, after a round: resumable) or 'conflict'. ``call`` runs the command (default ``subprocess.call``);
+    ``mark``: record the run's state in its ``job.json`` (for ``--status``)."""
+    from fedlight.lab import jobs
     from fedlight.run.files import atomic_write_text
 
     if not run.valid():
@@ -271,30 +280,73 @@ def run_one(run: Run, env: dict) -> str:
         return "skipped"
     run.path.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run.path / "reproduce.json", json.dumps(run.record, indent=1) + "\n")
+    if mark:
+        jobs.mark(run.path, state="running", pid=os.getpid(), host=jobs.host())
     with open(run.path / "fit.log", "a") as log:
-        rc = subprocess.call([sys.executable, "-m", "fedlight.cli", *run.argv], stdout=log, stderr=log, env=env)
+        rc = (call or subprocess.call)([sys.executable, "-m", "fedlight.cli", *run.argv], stdout=log, stderr=log,
+                                       env=env)
+    status = outcome(run, rc)
+    if mark:
+        jobs.mark(run.path, state=status, rc=rc)
+    return status
+
+
+def outcome(run: Run, rc: int) -> str:
+    """What a finished ``fedlight fit`` process left: done, diverged, stopped (exit 128 + signal) or failed."""
+    from fedlight.run.stops import STOP_SIGNALS
+
     diverged = rep.finished(run.path) and (rep.read_summary(run.path) or {}).get("diverged_at_round") is not None
+    if rc in {128 + int(getattr(signal, name)) for name in STOP_SIGNALS} and not rep.finished(run.path):
+        return "stopped"
     if not rep.finished(run.path) or (rc != 0 and not diverged):
         return "failed"
     return "diverged" if diverged else "done"
 
 
-def run_all(runs: list[Run], jobs: int) -> dict[str, int]:
-    """Run each distinct run folder once, ``jobs`` processes at a time; print one line per run."""
-    todo = list({r.path: r for r in runs}.values())  # columns without overrides share their row's runs
+def run_env(jobs: int) -> dict[str, str]:
+    """The environment of the ``fedlight fit`` processes: this fedlight first on the path, CPU threads shared."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(recipes_dir().parent),
                                                                      os.environ.get("PYTHONPATH")])))
     if jobs > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    return env
+
+
+def gpu_slots(per_gpu: int | None, num_gpus: int) -> list[str] | None:
+    """``--per-gpu N`` with the local launcher: N slots per visible GPU (``CUDA_VISIBLE_DEVICES`` of each run)."""
+    if not per_gpu:
+        return None
+    check(num_gpus > 0, "`--per-gpu` packs runs onto GPUs, but this machine shows none; use `--jobs N` for CPU "
+          "processes")
+    return [str(g) for g in range(num_gpus) for _ in range(per_gpu)]
+
+
+def run_all(runs: list[Run], jobs: int, slots: list[str] | None = None) -> dict[str, int]:
+    """Run each distinct run folder once, ``jobs`` processes at a time (one per GPU slot with ``slots``); print one
+    line per run."""
+    import queue
+
+    todo = list({r.path: r for r in runs}.values())  # columns without overrides share their row's runs
+    jobs = len(slots) if slots else jobs
+    env = run_env(jobs)
+    free: queue.Queue = queue.Queue()
+    for slot in slots or []:
+        free.put(slot)
     lock, counts, t0 = threading.Lock(), {}, time.time()
 
     def go(run: Run) -> None:
         t = time.time()
-        status = run_one(run, env)
+        slot = free.get() if slots else None
+        try:
+            status = run_one(run, env if slot is None else {**env, "CUDA_VISIBLE_DEVICES": slot})
+        finally:
+            if slot is not None:
+                free.put(slot)
         with lock:
             counts[status] = counts.get(status, 0) + 1
             hint = {"failed": f" — see {run.path / 'fit.log'}", "conflict": f" — {run.path} was made by another "
-                    "command (reproduce.json); delete it or pass another --out"}.get(status, "")
+                    "command (reproduce.json); delete it or pass another --out",
+                    "stopped": " — by a signal, after a round; the same command resumes it"}.get(status, "")
             print(f"[{sum(counts.values())}/{len(todo)}] {run.cell.run_key} seed{run.seed}: {status} "
                   f"({time.time() - t:.0f} s){hint}", flush=True)
 
@@ -334,6 +386,9 @@ def cmd_reproduce(argv: list[str]) -> int:
                    "run may resume with other ones")
     p.add_argument("--dry-run", action="store_true", help="print the fit commands and stop")
     p.add_argument("--table-only", action="store_true", help="run nothing; rebuild table.md/csv from finished runs")
+    p.add_argument("--status", action="store_true", help="print where every run stands (not started, pending, "
+                   "running, stopped, done, failed with the last line of its fit.log) and stop")
+    _cluster_arguments(p)
     a = p.parse_args(argv)
     spec_path = find_spec(a.spec)
     spec = load_spec(spec_path)
@@ -351,7 +406,9 @@ def cmd_reproduce(argv: list[str]) -> int:
     if a.dry_run:
         print("\n".join(shlex.join(["fedlight", *r.argv]) for r in {r.path: r for r in chosen}.values()))
         return 0
-    counts = {} if a.table_only else run_all(chosen, a.jobs)
+    if a.status:
+        return _status(a, out, chosen)
+    counts = {} if a.table_only else launch(a, spec, chosen, out)
     # The table holds the chosen cells and any other cell of the spec that already has a finished run.
     keep = {id(r.cell) for r in chosen} | {id(r.cell) for r in runs if r.done()}
     shown = [r for r in runs if id(r.cell) in keep]
@@ -361,6 +418,81 @@ def cmd_reproduce(argv: list[str]) -> int:
     command = shlex.join(["fedlight", "reproduce", *argv])
     print(rep.write_table(spec, spec_path, cs, done, seeds, out, command, a.shrink, a.jobs))
     print(f"\nwrote {out / 'table.md'} and {out / 'table.csv'}")
-    return 1 if counts.get("failed") or counts.get("conflict") else 0
+    return 1 if counts.get("failed") or counts.get("conflict") or counts.get("stopped") else 0
 
 
+# ------------------------------------------------------------------------------------------------ launchers
+CLUSTER_FLAGS = ("partition", "time", "gpus", "cpus", "mem", "account", "sbatch", "per_gpu", "requeues")
+
+
+def _cluster_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("launchers", "where the runs execute; Slurm resources may also come from the spec's "
+                             "`slurm:` mapping (flags win)")
+    g.add_argument("--launcher", choices=("local", "slurm"), default="local", help="local: a process pool on this "
+                   "machine (--jobs); slurm: one job per run, or per --per-gpu group, through submitit "
+                   "(pip install 'fedlight[slurm]'), requeued with --resume auto on preemption or time-out")
+    g.add_argument("--cluster", choices=("slurm", "local"), default="slurm", help="with --launcher slurm: submit "
+                   "with sbatch (slurm), or rehearse with submitit's local executor, jobs as processes here (local)")
+    g.add_argument("--per-gpu", type=int, default=None, metavar="N", help="runs side by side per GPU: local "
+                   "launcher: N processes per visible GPU; slurm: N runs per GPU of each job (per job without --gpus)")
+    g.add_argument("--partition", help="Slurm partition")
+    g.add_argument("--time", help="time limit per job: minutes or [D-]HH:MM:SS (default 4:00:00); a job that "
+                   "reaches it is requeued and its runs resume")
+    g.add_argument("--gpus", type=int, metavar="G", help="GPUs per job (default 0)")
+    g.add_argument("--cpus", type=int, help="CPUs per job")
+    g.add_argument("--mem", type=int, help="memory per job, GB")
+    g.add_argument("--account", help="Slurm account")
+    g.add_argument("--sbatch", action="append", metavar="KEY=VALUE", help="a further sbatch option, e.g. "
+                   "--sbatch qos=high --sbatch constraint=a100 (repeatable)")
+    g.add_argument("--requeues", type=int, help="time-outs a job may be requeued after (default 10; preemptions "
+                   "are not counted)")
+    g.add_argument("--wait", action="store_true", help="with --launcher slurm: wait for the jobs, then write the "
+                   "table (default: submit, print the job ids and write the table of what has finished)")
+
+
+def _slurm_flags(a: argparse.Namespace) -> dict[str, Any]:
+    flags = {k: getattr(a, k) for k in CLUSTER_FLAGS}
+    if a.sbatch:
+        bad = [o for o in a.sbatch if "=" not in o]
+        check(not bad, f"`--sbatch` takes KEY=VALUE, got {bad[0]!r}" if bad else "")
+        flags["sbatch"] = dict(o.lstrip("-").split("=", 1) for o in a.sbatch)
+    return flags
+
+
+def launch(a: argparse.Namespace, spec: dict[str, Any], runs: list[Run], out: Path) -> dict[str, int]:
+    """Run (local) or submit (slurm) the chosen runs; the counts of their outcomes (empty after a submission)."""
+    if a.launcher == "local":
+        slurm_only = [k for k in CLUSTER_FLAGS if k != "per_gpu" and getattr(a, k) is not None]
+        check(a.cluster == "slurm" and not slurm_only and not a.wait,
+              "`--cluster`, `--wait` and the Slurm resource flags need `--launcher slurm`")
+        import torch
+
+        return run_all(runs, a.jobs, gpu_slots(a.per_gpu, torch.cuda.device_count() if a.per_gpu else 0))
+    from fedlight.lab import slurm
+
+    res = slurm.resources(spec, _slurm_flags(a))
+    distinct = list({r.path: r for r in runs}.values())
+    for r in distinct:
+        if not r.valid():
+            print(f"{r.cell.run_key} seed{r.seed}: conflict — {r.path} was made by another command (reproduce.json); "
+                  "delete it or pass another --out", flush=True)
+    todo = [r for r in distinct if r.valid() and not rep.finished(r.path)]
+    handles = slurm.submit(todo, res, out, a.cluster) if todo else []
+    print(f"submitted {len(todo)} runs in {len(handles)} jobs ({', '.join(h.job_id for h in handles) or '-'}); "
+          f"see them with: fedlight reproduce {a.spec} --status" + (f" --out {a.out}" if a.out else ""), flush=True)
+    if a.wait:
+        for h in handles:
+            h.wait()
+    return {}
+
+
+def _status(a: argparse.Namespace, out: Path, runs: list[Run]) -> int:
+    from fedlight.lab import jobs
+
+    scheduler = None
+    if any(jobs.read(r.path).get("launcher") == "slurm" for r in runs):  # submitted with sbatch: sacct knows more
+        from fedlight.lab import slurm
+
+        scheduler = slurm.scheduler_state(out)
+    print(jobs.status_table(runs, scheduler))
+    return 0

@@ -8,4 +8,6 @@
 * :mod:`~fedlight.run.round_row` — :class:`RoundRow`, what one round reports;
 * :mod:`~fedlight.run.console` — progress bar or lines and warnings;
 * :mod:`~fedlight.run.tensorboard` — TensorBoard scalars, histograms, config and hparams.
+* :mod:`~fedlight.run.stops` — clean stops on SIGTERM/SIGINT/SIGUSR1 and on failed writes, and the exit
+  statuses of ``fedlight fit``.
 """

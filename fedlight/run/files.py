@@ -7,11 +7,14 @@ same directory and renamed over the target.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import platform
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,19 +49,40 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def fault(point: str, round: int) -> None:
-    """Fault injection for the kill-safety tests: ``FEDLIGHT_FAULT=<point>@<round>`` SIGKILLs the process there.
+    """Fault injection for the kill-safety tests: ``FEDLIGHT_FAULT=<point>@<round>[:<action>]``.
 
     Points: ``train`` (after the round's first client), ``eval`` (inside evaluation), ``ckpt`` (checkpoint written
     to its temporary file, not yet renamed), ``metrics`` (checkpoint renamed, metrics row not yet appended).
+    Actions: ``kill`` (the default: SIGKILL the process there), ``enospc`` (the write fails there as on a full disk),
+    ``pause`` (wait there once, up to 60 s, until a stop signal arrives, after creating the file named by
+    ``FEDLIGHT_FAULT_READY``: a signal test then knows where the run is).
     """
     spec = os.environ.get("FEDLIGHT_FAULT")
-    if spec and spec == f"{point}@{round}":
-        import signal
+    where, _, action = (spec or "").partition(":")
+    if where != f"{point}@{round}":
+        return
+    for hook in list(FAULT_HOOKS):  # earlier checkpoints and metrics lines are durable first
+        hook()
+    if action == "enospc":
+        raise OSError(errno.ENOSPC, "No space left on device")
+    if action == "pause":
+        _pause()
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
 
-        for hook in list(FAULT_HOOKS):
-            hook()
 
-        os.kill(os.getpid(), signal.SIGKILL)
+def _pause() -> None:
+    import torch.distributed as dist
+
+    from fedlight.run import stops
+
+    if os.environ.pop("FEDLIGHT_FAULT", None) is None or (dist.is_initialized() and dist.get_rank() != 0):
+        return  # once, and on global rank 0 only (the others wait for it in the round's all-reduce)
+    if os.environ.get("FEDLIGHT_FAULT_READY"):
+        Path(os.environ["FEDLIGHT_FAULT_READY"]).touch()
+    deadline = time.monotonic() + 60
+    while not stops.requested() and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def rss_mb() -> float:

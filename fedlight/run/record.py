@@ -16,6 +16,7 @@ the kill fell between rename and append), and rounds after the last renamed chec
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import shutil
@@ -96,6 +97,7 @@ class RunRecord:
         self.extra: dict[str, Any] = {}  # stored in every checkpoint (e.g. the run's settings and segments)
         self.segments: list[dict[str, Any]] = []  # execution-only settings of each stretch of the run
         self.hparams: dict[str, Any] | None = None  # for TensorBoard's hparams table
+        self.saved_round = 0  # rounds in the last checkpoint renamed into place (0: none yet)
         if self.writer is not None:
             records.FAULT_HOOKS.append(self.writer.wait)
 
@@ -136,6 +138,7 @@ class RunRecord:
             log.truncate_to(start_round)
             self.rows = log.rows
             done = self.rows[-1]["round"] if self.rows else 0
+            self.saved_round = start_round
             if last_row is not None and done < start_round:  # killed between checkpoint and metrics append
                 self._append(last_row)
             if start_round:
@@ -168,7 +171,10 @@ class RunRecord:
     def _write_checkpoint(self, state: dict[str, Any], rounds_done: int, row: dict[str, Any]) -> None:
         path = self.out / "checkpoints" / "last.ckpt"
         with _disk_errors(path):
+            if not self.out.is_dir():  # removed during the run: do not make a new, partial run directory
+                raise FileNotFoundError(errno.ENOENT, "the run directory was removed", str(self.out))
             records.atomic_torch_save(state, path, before_replace=lambda: records.fault("ckpt", rounds_done))
+        self.saved_round = rounds_done
         records.fault("metrics", rounds_done)
         self._append(row, keep=False)
 
@@ -199,6 +205,18 @@ class RunRecord:
         if self.logger is not None and self.hparams is not None:
             self.logger.log_summary(self.hparams, _strict(summary))
 
+    def abort(self) -> None:
+        """After a failed write: stop the progress display, the checkpoint writer and TensorBoard without letting
+        them report the same failure again (:func:`fedlight.run.stops.disk_guard` reports it once)."""
+        self.progress.close()
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                self.writer.wait()
+        if self.logger is not None:
+            with contextlib.suppress(Exception):
+                self.logger.close()
+            self.logger = None
+
     def close(self, refused: bool = False) -> None:
         """Release everything; safe to call twice and after a failure."""
         self.progress.close()
@@ -218,11 +236,13 @@ class RunRecord:
 @contextlib.contextmanager
 def _disk_errors(path: Path):
     """A failed write (disk full, folder removed, read-only remount) is one message, not a traceback."""
+    from fedlight.run.stops import RunDirError
+
     try:
         yield
     except OSError as e:
-        raise ConfigError(f"cannot write {path}: {e.strerror or e}. Free space or fix the folder, then continue with "
-                          "`--resume auto` (rounds up to the last checkpoint are kept)") from None
+        raise RunDirError(f"cannot write {path}: {e.strerror or e}. Free space or fix the folder, then continue with "
+                          "`--resume auto`.") from None
 
 
 def _strict(obj: Any) -> Any:

@@ -1,0 +1,89 @@
+"""Where each run of a table stands: ``job.json`` in its folder, and the ``fedlight reproduce --status`` view.
+
+Every launcher writes the same small record, so the view needs no scheduler: ``pending`` (submitted, with the job
+id), ``running`` (host and process), ``stopped`` (by a signal after a finished round; requeued or resumable),
+``done``/``diverged``/``failed`` (with the process's exit status). ``fedlight reproduce --status`` reads them
+together with the run's own files: rounds finished (``metrics.jsonl``), the summary, the last line of ``fit.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+JOB_FILE = "job.json"
+
+
+def host() -> str:
+    return socket.gethostname()
+
+
+def read(path: Path) -> dict[str, Any]:
+    f = Path(path) / JOB_FILE
+    try:
+        return json.loads(f.read_text()) if f.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def mark(path: Path, **fields: Any) -> None:
+    """Merge ``fields`` into the run's ``job.json`` (atomically), stamped with the time."""
+    from fedlight.run.files import atomic_write_text
+
+    record = {**read(path), **fields, "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
+    atomic_write_text(Path(path) / JOB_FILE, json.dumps(record, indent=1) + "\n")
+
+
+def last_line(path: Path, name: str = "fit.log") -> str:
+    f = Path(path) / name
+    if not f.is_file():
+        return ""
+    lines = [ln.strip() for ln in f.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def rounds_done(path: Path) -> int:
+    f = Path(path) / "metrics.jsonl"
+    return sum(1 for ln in f.read_text().splitlines() if ln.strip()) if f.is_file() else 0
+
+
+def state(run, scheduler=None) -> tuple[str, str]:
+    """``(state, detail)`` of one run (a :class:`fedlight.lab.reproduce.Run`). ``scheduler(job_id)`` may name the
+    scheduler's own state of a pending or running job (Slurm: ``PENDING``, ``RUNNING``, ``FAILED``, ...)."""
+    from fedlight.lab import report as rep
+
+    if not run.valid():
+        return "conflict", "made by another command (reproduce.json)"
+    if rep.finished(run.path):
+        diverged = (rep.read_summary(run.path) or {}).get("diverged_at_round")
+        return ("diverged", f"at round {diverged}") if diverged else ("done", "")
+    job, done = read(run.path), rounds_done(run.path)
+    where = f"{done} rounds done" + (f", job {job['job']}" if job.get("job") else "")
+    st = job.get("state")
+    if st in (None, "skipped"):
+        return ("not started", "") if not done else ("stopped", where)
+    if st in ("pending", "running") and scheduler is not None and job.get("job"):
+        seen = scheduler(str(job["job"]))
+        if seen and seen.upper() not in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "UNKNOWN"):
+            return "failed", f"{where}; the scheduler reports {seen}: {last_line(run.path) or 'no fit.log'}"
+    if st == "running":
+        return "running", f"{where} on {job.get('host', '?')}"
+    if st in ("failed", "done", "diverged"):  # done/diverged per job.json but not finished: files were removed
+        return "failed", f"exit status {job.get('rc')}: {last_line(run.path) or 'no fit.log'}"
+    return st, where + (f"; {job['note']}" if job.get("note") else "")
+
+
+def status_table(runs, scheduler=None) -> str:
+    """One line per run folder: ``row/column seedK  state  detail``, then the counts."""
+    todo = list({r.path: r for r in runs}.values())
+    lines, counts = [], {}
+    width = max((len(f"{r.cell.run_key} seed{r.seed}") for r in todo), default=10)
+    for r in todo:
+        st, detail = state(r, scheduler)
+        counts[st] = counts.get(st, 0) + 1
+        lines.append(f"{r.cell.run_key + ' seed' + str(r.seed):<{width}}  {st:<11} {detail}".rstrip())
+    lines.append(f"{len(todo)} runs: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    return "\n".join(lines)

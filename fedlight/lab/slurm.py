@@ -1,0 +1,206 @@
+"""``fedlight reproduce --launcher slurm``: a table's runs as Slurm jobs through submitit (``pip install
+fedlight[slurm]``), each job requeued with ``--resume auto`` when it is preempted or reaches its time limit.
+
+A job holds one run (a cell's seed), or, with ``--per-gpu N``, up to N runs per GPU side by side (small cells do not
+fill a GPU). Each run is the same ``fedlight fit ... --resume auto`` process as with ``--launcher local``, writing
+``fit.log`` and ``job.json`` in its run folder. When Slurm announces the end of a job (submitit asks for
+``--signal USR2`` before the time limit; preemption), :meth:`CellJob.checkpoint` sends each run ``SIGUSR1``: the run
+stops after its round in progress, its checkpoint written (see :mod:`fedlight.run.stops`), and submitit requeues the
+job, which resumes every unfinished run. This module imports submitit; nothing imports it unless asked for a Slurm
+launch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from fedlight.errors import ConfigError, check
+
+try:
+    import submitit
+except ImportError:  # pragma: no cover - the message says what to install
+    raise ConfigError("`--launcher slurm` needs submitit: pip install 'fedlight[slurm]' (or pip install "
+                      "submitit)") from None
+
+STOP_WAIT_S = 60
+"""How long a job waits for its runs to stop after the end-of-job signal (submitit signals 120 s before the end)."""
+
+
+@dataclass
+class Resources:
+    """What each job asks Slurm for; a table spec's ``slurm:`` mapping, overridden by the flags of the same name."""
+
+    partition: str | None = None
+    time: str | int = "4:00:00"  # minutes, or [D-]HH:MM:SS
+    gpus: int = 0  # per job
+    cpus: int | None = None  # per job
+    mem: int | None = None  # GB per job
+    account: str | None = None
+    sbatch: dict[str, Any] = field(default_factory=dict)  # further sbatch options, e.g. {qos: high}
+    per_gpu: int = 1  # runs per GPU (per job when gpus is 0)
+    requeues: int = 10  # time-limit requeues per job (preemptions do not count)
+
+    def minutes(self) -> int:
+        t = self.time
+        if isinstance(t, int):
+            return t
+        days, _, hms = str(t).rpartition("-")
+        ok = all(p.isdigit() for p in [*hms.split(":"), *([days] if days else [])]) and hms.count(":") <= 2
+        check(ok, f"`--time` (or the spec's `slurm.time`) {t!r}: give minutes or [D-]HH:MM:SS, e.g. 4:00:00")
+        parts = [int(p) for p in hms.split(":")]
+        if days:  # D-H, D-H:M, D-H:M:S
+            h, m, s = parts + [0] * (3 - len(parts))
+        else:  # M, M:S, H:M:S (as sbatch reads them)
+            h, m, s = [0, *parts] if len(parts) == 2 else ([0, parts[0], 0] if len(parts) == 1 else parts)
+        return (int(days or 0) * 24 + h) * 60 + m + (s > 0)
+
+    def per_job(self) -> int:
+        return self.per_gpu * max(self.gpus, 1)
+
+
+def resources(spec: dict[str, Any], flags: dict[str, Any]) -> Resources:
+    """The spec's ``slurm:`` mapping with the flags that were given on top; unknown keys are refused."""
+    given = dict(spec.get("slurm") or {})
+    known = {f.name for f in fields(Resources)}
+    check(not set(given) - known, f"table spec `slurm:` has unknown keys {sorted(set(given) - known)} "
+          f"(known: {', '.join(sorted(known))})")
+    res = Resources(**{**given, **{k: v for k, v in flags.items() if v is not None}})
+    check(res.per_gpu >= 1 and res.gpus >= 0 and res.requeues >= 0,
+          "`--per-gpu` must be ≥ 1, `--gpus` and `--requeues` ≥ 0")
+    res.minutes()  # a bad --time fails here, before anything is submitted
+    return res
+
+
+def executor_parameters(res: Resources) -> dict[str, Any]:
+    params = {"timeout_min": res.minutes(), "nodes": 1, "tasks_per_node": 1, "name": "fedlight",
+              "gpus_per_node": res.gpus or None, "cpus_per_task": res.cpus, "mem_gb": res.mem,
+              "slurm_partition": res.partition, "slurm_account": res.account, "slurm_signal_delay_s": 120,
+              "slurm_additional_parameters": dict(res.sbatch) or None}
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def groups(runs: list, per_job: int) -> list[list]:
+    """Runs in jobs of ``per_job`` (the order of the table, so a cell's seeds share jobs)."""
+    return [runs[i:i + per_job] for i in range(0, len(runs), per_job)]
+
+
+def slot_env(env: dict[str, str], slot: int, res: Resources, size: int) -> dict[str, str]:
+    """The environment of the ``slot``-th run of a job: its GPU (of those Slurm gave the job) and its CPU threads."""
+    env = dict(env)
+    if res.gpus:
+        visible = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g] or \
+            [str(g) for g in range(res.gpus)]
+        env["CUDA_VISIBLE_DEVICES"] = visible[(slot // res.per_gpu) % len(visible)]
+    if "OMP_NUM_THREADS" not in os.environ:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        env["OMP_NUM_THREADS"] = str(max(1, cpus // size))
+    return env
+
+
+class CellJob(submitit.helpers.Checkpointable):
+    """One job: its runs as ``fedlight fit`` processes side by side; requeued (with every unfinished run resuming)
+    through submitit's checkpoint hook."""
+
+    def __init__(self, runs: list, res: Resources) -> None:
+        self.runs, self.res = runs, res
+        self._procs: dict[int, subprocess.Popen] = {}
+        self._requeueing = False
+
+    def __getstate__(self) -> dict[str, Any]:  # what submitit pickles: no process handles
+        return {"runs": self.runs, "res": self.res}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["runs"], state["res"])
+
+    def __call__(self) -> dict[str, str]:
+        with ThreadPoolExecutor(len(self.runs)) as pool:
+            statuses = list(pool.map(self._one, range(len(self.runs))))
+        if "stopped" in statuses:  # stopped by the scheduler's SIGTERM: submitit's requeue signal may follow
+            time.sleep(STOP_WAIT_S)
+        bad = [f"{r.cell.run_key} seed{r.seed}: {s}" for r, s in zip(self.runs, statuses)
+               if s not in ("done", "diverged", "skipped")]
+        if bad:
+            raise RuntimeError(f"runs not finished ({'; '.join(bad)}); see fit.log in their folders and rerun "
+                               "the same `fedlight reproduce` command to resume them")
+        return {str(r.path): s for r, s in zip(self.runs, statuses)}
+
+    def _one(self, slot: int) -> str:
+        from fedlight.lab import jobs
+        from fedlight.lab.reproduce import run_env, run_one
+
+        run = self.runs[slot]
+        env = slot_env(run_env(1), slot, self.res, len(self.runs))
+        job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")
+        jobs.mark(run.path, state="running", pid=os.getpid(), host=jobs.host(), job=job, note="")
+        status = run_one(run, env, call=lambda cmd, **kw: self._call(slot, cmd, **kw), mark=False)
+        if not self._requeueing:
+            jobs.mark(run.path, state=status, rc=self._procs[slot].returncode if slot in self._procs else None)
+        return status
+
+    def _call(self, slot: int, cmd: list[str], **kw: Any) -> int:
+        self._procs[slot] = proc = subprocess.Popen(cmd, **kw)
+        return proc.wait()
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        """submitit's hook at the end-of-job signal: stop every run after its round, then requeue this job."""
+        from fedlight.lab import jobs
+
+        self._requeueing = True
+        live = [p for p in self._procs.values() if p.poll() is None]
+        for p in live:
+            p.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + STOP_WAIT_S
+        for p in live:
+            try:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:  # a long round: the previous checkpoint is kept
+                p.kill()
+        for run in self.runs:
+            jobs.mark(run.path, state="pending", note=f"requeued after round {jobs.rounds_done(run.path)}")
+        return submitit.helpers.DelayedSubmission(CellJob(self.runs, self.res))
+
+
+def submit(runs: list, res: Resources, out: Path, cluster: str) -> list:
+    """Submit the unfinished runs, ``res.per_job()`` per job (a job array on Slurm); returns the submitit jobs."""
+    from fedlight.lab import jobs
+
+    if cluster == "slurm" and not _which("sbatch"):
+        raise ConfigError("`--launcher slurm` found no `sbatch` on PATH: run it on a Slurm login node (or rehearse "
+                          "on this machine with `--cluster local`)")
+    ex = submitit.AutoExecutor(folder=Path(out) / ".submitit", cluster=cluster, slurm_max_num_timeout=res.requeues,
+                               local_max_num_timeout=res.requeues)
+    ex.update_parameters(**executor_parameters(res))
+    todo = groups(runs, res.per_job())
+    for run in runs:
+        jobs.mark(run.path, state="pending", job=None, launcher=cluster, note="submitted")
+    with ex.batch():
+        handles = [ex.submit(CellJob(g, res)) for g in todo]
+    for handle, group in zip(handles, todo):
+        for run in group:
+            if jobs.read(run.path).get("state") == "pending":  # (a started job names itself)
+                jobs.mark(run.path, job=handle.job_id)
+    return handles
+
+
+def scheduler_state(out: Path):
+    """``job_id -> Slurm state`` for ``--status`` (``None`` where sacct cannot tell)."""
+    def ask(job_id: str) -> str | None:
+        try:
+            return submitit.SlurmJob(Path(out) / ".submitit", job_id).state
+        except Exception:  # noqa: BLE001 - no sacct, or an old job: the view falls back on job.json
+            return None
+
+    return ask
+
+
+def _which(name: str) -> bool:
+    import shutil
+
+    return shutil.which(name) is not None

@@ -1,0 +1,164 @@
+"""Clean stops: a signal or a failed write ends a run at a safe point, with one line and a documented exit status.
+
+A cluster stops jobs from outside: Slurm sends ``SIGTERM`` on preemption and at the time limit, submitit forwards
+``SIGUSR1`` to a cell it requeues, a user presses Ctrl-C (``SIGINT``). While :func:`stop_signals` is active (the
+rounds of :meth:`~fedlight.fitting.Fitting.fit`), such a signal only raises a flag; the loop looks at it after each
+round, writes the checkpoint of that round if it is not on disk yet (it may not be due under ``loop.save_every``),
+waits until every checkpoint and ``metrics.jsonl`` line is renamed or appended, and raises :class:`Stopped`. A second
+Ctrl-C stops at once, as before (rounds up to the last checkpoint are kept).
+
+A write that fails during the run (disk full, a read-only remount, the run directory removed) ends it through
+:func:`disk_guard`: the TensorBoard writer and the background checkpoint writer are stopped without printing their
+own tracebacks, and one :class:`RunDirError` names the file that failed and the last complete checkpoint.
+
+Exit statuses of ``fedlight fit`` (also in ``fedlight --help``, README.md and docs/clusters.md):
+
+====  ======================================================================================================
+0     finished
+1     diverged (``loop.on_nonfinite: stop``); the last good checkpoint is kept
+2     refused before training: a setting, a file or the run directory is wrong (the message says which)
+74    a write to the run directory failed during the run (``EX_IOERR``); resume after fixing it
+130   stopped by ``SIGINT`` at a safe point (128 + signal number, as a shell reports a signal)
+138   stopped by ``SIGUSR1`` at a safe point
+143   stopped by ``SIGTERM`` at a safe point
+====  ======================================================================================================
+
+After 74, 130, 138 and 143, ``--resume auto`` continues the run and ends bit for bit where an uninterrupted run
+ends (on CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import threading
+from pathlib import Path
+
+from fedlight.errors import ConfigError
+
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
+DISK_FAILED = 74
+"""Exit status when the run directory cannot be written during the run (``EX_IOERR`` of sysexits.h)."""
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENOENT, errno.EIO, errno.EACCES, errno.EPERM,
+               errno.ESTALE}
+
+EXIT_STATUSES = ("exit status: 0 finished; 1 diverged; 2 refused (bad setting or file); 74 a write to the run "
+                 "directory failed during the run; 130/138/143 stopped by SIGINT/SIGUSR1/SIGTERM after a finished "
+                 "round, its checkpoint written. After 74 and 130-143, continue with --resume auto")
+
+
+class Stopped(Exception):
+    """The run stopped at a safe point on a signal; ``status`` is the exit status of ``fedlight fit``."""
+
+    def __init__(self, round: int, signal_name: str) -> None:
+        super().__init__(f"stopped at round {round} by {signal_name}; continue with --resume auto")
+        self.round = round
+        self.signal_name = signal_name
+        self.status = 128 + int(getattr(signal, signal_name))
+
+
+class RunDirError(ConfigError):
+    """A write to the run directory failed during the run; the message names the file and the last checkpoint."""
+
+    status = DISK_FAILED
+
+
+# ------------------------------------------------------------------------------------------------ signals
+class StopSignals:
+    """The stop flag: ``name`` is the first stop signal received (``None`` while none was)."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self.previous: dict[int, object] = {}
+
+    def catch(self, signum: int, frame) -> None:
+        if signum == signal.SIGINT and self.name == "SIGINT":  # a second Ctrl-C: stop now
+            signal.signal(signum, self.previous.get(signum, signal.default_int_handler))
+            raise KeyboardInterrupt
+        self.name = self.name or signal.Signals(signum).name
+
+
+ACTIVE: list[StopSignals] = []
+"""The flags of the runs in progress in this process (the test pause in :func:`fedlight.run.files.fault` reads it)."""
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """Catch :data:`STOP_SIGNALS` while the block runs (in the main thread only; elsewhere signals are untouched)."""
+    flag = StopSignals()
+    if threading.current_thread() is threading.main_thread():
+        for name in STOP_SIGNALS:
+            sig = getattr(signal, name, None)  # Windows has no SIGUSR1
+            if sig is not None:
+                flag.previous[sig] = signal.signal(sig, flag.catch)
+    ACTIVE.append(flag)
+    try:
+        yield flag
+    finally:
+        ACTIVE.remove(flag)
+        for sig, handler in flag.previous.items():
+            signal.signal(sig, handler)
+
+
+def requested() -> str | None:
+    """The first stop signal received by a run in progress in this process (``None``: none)."""
+    return next((f.name for f in ACTIVE if f.name), None)
+
+
+def agreed(fabric) -> str | None:
+    """The stop signal any process of the run received; with several processes, one small all-reduce (every
+    process calls this after every round, so they stop after the same round)."""
+    if fabric is None or fabric.world_size == 1:
+        return requested()
+    import torch
+
+    code = STOP_SIGNALS.index(requested()) + 1 if requested() else 0
+    code = int(fabric.all_reduce(torch.tensor([code], device=fabric.device), reduce_op="max").item())
+    return STOP_SIGNALS[code - 1] if code else None
+
+
+def stop_here(record, rounds_done: int, signal_name: str) -> None:
+    """After the round's row and checkpoint were handed to ``record``: wait until they are on disk, then stop."""
+    record.flush()
+    record.progress.close()
+    raise Stopped(rounds_done, signal_name)
+
+
+# ------------------------------------------------------------------------------------------------ failed writes
+@contextlib.contextmanager
+def disk_guard(record):
+    """Turn a failed write of the run directory (in this thread, the checkpoint writer or TensorBoard's thread)
+    into one :class:`RunDirError`; the record's writer threads are stopped quietly first."""
+    old_hook = threading.excepthook
+    threading.excepthook = lambda args: None if issubclass(args.exc_type, OSError) else old_hook(args)
+    try:
+        yield
+    except RunDirError as e:
+        record.abort()
+        raise RunDirError(f"{e} {last_checkpoint(record)}") from None
+    except OSError as e:
+        if not _is_disk_error(e, record.out):
+            raise
+        record.abort()
+        where = os.fsdecode(e.filename) if e.filename else record.out  # TensorBoard names files in bytes
+        raise RunDirError(f"cannot write {where}: {e.strerror or e}. Free space or fix the folder, then continue "
+                          f"with `--resume auto`. {last_checkpoint(record)}") from None
+    finally:
+        threading.excepthook = old_hook
+
+
+def _is_disk_error(e: OSError, out: Path) -> bool:
+    inside = e.filename is not None and Path(os.fsdecode(e.filename)).resolve().is_relative_to(out.resolve())
+    return inside or e.errno in DISK_ERRNOS
+
+
+def last_checkpoint(record) -> str:
+    """``The last complete checkpoint is OUT/checkpoints/last.ckpt (round K).`` (or why there is none)."""
+    path = record.out / "checkpoints" / "last.ckpt"
+    if not record.saved_round:
+        return "No checkpoint was completed: the run starts over."
+    if not path.is_file():
+        return f"The last checkpoint (round {record.saved_round}) was at {path}, which is gone: the run starts over."
+    return f"The last complete checkpoint is {path} (round {record.saved_round})."
