@@ -2,8 +2,10 @@
 
 from fedlight.data.augment import CropFlip
 from fedlight.data.base import FederatedDataModule
+from fedlight.data.glue import GLUE
 from fedlight.data.mapstyle import DataModuleClients, DatasetClients, as_federated
 from fedlight.data.partition import IID, Dirichlet, Partitioner, Pathological, QuantitySkew
+from fedlight.data.shakespeare import Shakespeare
 from fedlight.data.synthetic import Synthetic, TensorClients
 from fedlight.data.vision import CIFAR10, CIFAR100, FashionMNIST, ImageFolder, OfficeHome, TinyImageNet
 
@@ -18,6 +20,8 @@ DATASETS = (
     "TensorClients",
     "DatasetClients",
     "DataModuleClients",
+    "GLUE",
+    "Shakespeare",
 )
 PARTITIONERS = ("IID", "Dirichlet", "Pathological", "QuantitySkew")
 
@@ -33,11 +37,13 @@ __all__ = [
     "Dirichlet",
     "FashionMNIST",
     "FederatedDataModule",
+    "GLUE",
     "ImageFolder",
     "OfficeHome",
     "Partitioner",
     "Pathological",
     "QuantitySkew",
+    "Shakespeare",
     "Synthetic",
     "TensorClients",
     "TinyImageNet",

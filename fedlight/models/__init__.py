@@ -1,7 +1,8 @@
 """Models: plain ``nn.Module`` classes that know nothing of federated learning.
 
 A recipe names one as ``model: {class_path: fedlight.models.ResNet18, init_args: {...}}``. The timm-based models
-(``ViTTiny``, ``Timm``, ``LoRA``) are imported on first use, so importing this package does not import timm.
+(``ViTTiny``, ``Timm``, ``LoRA``) and the Hugging Face wrappers (``HFSequenceClassifier``, ``HFCausalLM``, ``HFLoRA``;
+the ``nlp`` extra) are imported on first use, so importing this package imports neither timm nor transformers.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from fedlight.models.cnn import MLP, VGG11, LeNet5, SmallCNN
 from fedlight.models.resnet import ResNet, ResNet18, ResNet34, ResNet50
 
 if TYPE_CHECKING:
+    from fedlight.models.hf import HFCausalLM, HFLoRA, HFSequenceClassifier
     from fedlight.models.timm import LoRA, Timm
     from fedlight.models.vit import ViTTiny
 
@@ -25,13 +27,19 @@ MODELS: tuple[str, ...] = (
     "ResNet50",
     "ViTTiny",
     "Timm",
+    "HFSequenceClassifier",
+    "HFCausalLM",
 )
 """Names of the models a recipe can use (``fedlight ls``)."""
 
-_LAZY = {"ViTTiny": "fedlight.models.vit", "Timm": "fedlight.models.timm", "LoRA": "fedlight.models.timm"}
+_LAZY = {"ViTTiny": "fedlight.models.vit", "Timm": "fedlight.models.timm", "LoRA": "fedlight.models.timm",
+         "HFSequenceClassifier": "fedlight.models.hf", "HFCausalLM": "fedlight.models.hf", "HFLoRA": "fedlight.models.hf"}
 
 __all__ = [
     "MODELS",
+    "HFCausalLM",
+    "HFLoRA",
+    "HFSequenceClassifier",
     "LoRA",
     "LeNet5",
     "MLP",

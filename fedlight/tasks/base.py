@@ -151,6 +151,23 @@ def _describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+def check_vocab(model: nn.Module, data: Any) -> None:
+    """Refuse a tokenizer that does not fit the model: ids beyond the model's embedding, or another padding id.
+
+    Reads ``data.vocab_size`` / ``data.pad_token_id`` and ``model.vocab_size`` / ``model.pad_token_id`` where they
+    exist (fedlight's GLUE and Shakespeare data, its Hugging Face model wrappers); anything else is not checked."""
+    have, takes = getattr(data, "vocab_size", None), getattr(model, "vocab_size", None)
+    if isinstance(have, int) and isinstance(takes, int) and have > takes:
+        raise ConfigError(f"the tokenizer's vocabulary ({have} tokens) is larger than the model's embedding ({takes} "
+                          "rows): the data was tokenized for another model. Use the model's own tokenizer "
+                          "(`data.init_args.tokenizer` = the model's directory or Hub name)")
+    pad, model_pad = getattr(data, "pad_token_id", None), getattr(model, "pad_token_id", None)
+    if isinstance(pad, int) and isinstance(model_pad, int) and pad != model_pad:
+        raise ConfigError(f"the tokenizer pads with id {pad} but the model's padding id is {model_pad}: the data was "
+                          "tokenized for another model. Use the model's own tokenizer (`data.init_args.tokenizer` = "
+                          "the model's directory or Hub name)")
+
+
 def outputs(out: Any) -> Tensor:
     """The prediction tensor of a model's output: the tensor itself, ``out.logits`` (Hugging Face) or
     ``out["logits"]``."""

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from fedlight.errors import ConfigError
-from fedlight.tasks.base import Task, outputs
+from fedlight.tasks.base import Task, check_vocab, outputs
 
 HEADLINES = ("acc", "f1", "mcc", "loss")
 
@@ -61,6 +61,9 @@ class TextClassification(Task):
         metrics["acc"].update(logits, y)
         metrics["mcc"].update(logits.argmax(-1), y)
         metrics["f1"].update(logits.argmax(-1) if self.num_classes == 2 else logits, y)
+
+    def check(self, model: nn.Module, data: Any) -> None:
+        check_vocab(model, data)
 
     def probe(self, model, train_batch, test_batch, data, fabric=None) -> None:
         for name, batch in (("training", train_batch), ("test", test_batch)):
