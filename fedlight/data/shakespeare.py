@@ -45,7 +45,7 @@ class Shakespeare(FederatedDataModule):
         root: data folder (default ``$FEDLIGHT_DATA``, else ``./data``); LEAF's files under ``shakespeare/data``.
         seq_len: characters per sample (LEAF: 80); longer samples keep their last ``seq_len``, shorter ones are
             refused.
-        num_clients: keep the roles with the most samples (ties: by name); None keeps every role.
+        num_clients: keep this many roles, those with the most samples (ties: by name); None keeps every role.
         min_samples: drop roles with fewer training samples (LEAF's ``-k``).
         test_fraction: the test share of each role when only ``all_data`` exists.
         batch_size: client mini-batch size.
@@ -68,6 +68,7 @@ class Shakespeare(FederatedDataModule):
         self.seq_len, self.max_clients, self.min_samples = seq_len, num_clients, min_samples
         self.test_fraction = test_fraction
         self.vocab_size = VOCAB
+        self.num_clients = num_clients  # None: every role, known after setup (fit checks clients_per_round then)
 
     def default_task(self):
         from fedlight.tasks import LanguageModeling

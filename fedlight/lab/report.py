@@ -24,6 +24,7 @@ from typing import Any
 from fedlight.errors import ConfigError, check
 
 METRICS = ("final_test_acc", "best_test_acc", "seconds_per_round", "final_train_loss")
+PERCENT = ("_acc", "_f1", "_mcc")  # shown ×100, as GLUE and the papers print them
 
 
 def find_runs(paths: list[str | Path]) -> list[Path]:
@@ -99,8 +100,9 @@ def check_metric(metric: str) -> None:
     elif metric.startswith("last_test_acc:"):
         check(last_count(metric) > 0, f"`{metric}`: give the number of last evaluations, e.g. last_test_acc:10")
     else:
-        check(metric in METRICS, f"unknown metric {metric!r}; use {', '.join(METRICS)}, rounds_to_target:<t> or "
-              "last_test_acc:<k>")
+        check(metric in METRICS or re.fullmatch(r"(final|best)_test_[a-z0-9_]+", metric) is not None,
+              f"unknown metric {metric!r}; use {', '.join(METRICS)}, final_test_<m> / best_test_<m> (a metric the "
+              "task reports, e.g. final_test_mcc), rounds_to_target:<t> or last_test_acc:<k>")
 
 
 def metric_value(run: Path, metric: str) -> float | None:
@@ -115,7 +117,7 @@ def metric_value(run: Path, metric: str) -> float | None:
         v = last_test_acc(read_curve(run), last_count(metric))
         return None if v is None else 100 * v
     v = (read_summary(run) or {}).get(metric)
-    return None if v is None else (100 * v if metric.endswith("_acc") else v)
+    return None if v is None else (100 * v if metric.endswith(PERCENT) else v)
 
 
 def metric_label(metric: str) -> str:
@@ -123,8 +125,12 @@ def metric_label(metric: str) -> str:
         return f"rounds to {100 * target_fraction(metric):g}% test accuracy"
     if metric.startswith("last_test_acc:"):
         return f"mean test accuracy over the last {last_count(metric)} evaluations (%)"
-    return {"final_test_acc": "final test accuracy (%)", "best_test_acc": "best test accuracy (%)",
-            "seconds_per_round": "seconds per round", "final_train_loss": "final train loss"}[metric]
+    known = {"final_test_acc": "final test accuracy (%)", "best_test_acc": "best test accuracy (%)",
+             "seconds_per_round": "seconds per round", "final_train_loss": "final train loss"}
+    if metric in known:
+        return known[metric]
+    when, _, name = metric.partition("_test_")
+    return f"{when} test {name}" + (" (%)" if metric.endswith(PERCENT) else "")
 
 
 def stats(metric: str, vals: list) -> dict[str, Any]:
