@@ -358,8 +358,9 @@ class FederatedDataModule:
             lines.append(f"   ... ({len(sizes) - len(rows)} more clients)")
         present = (hist > 0).sum(1)
         unique = len(np.unique(np.concatenate(self._parts)))
+        stored = len(self._labels) if self._labels is not None else unique  # no class labels (token data)
         lines.append(
-            f"total {int(sizes.sum())} samples ({unique} distinct of {len(self._labels)}); client size "
+            f"total {int(sizes.sum())} samples ({unique} distinct of {stored}); client size "
             f"min {sizes.min()} / median {int(np.median(sizes))} / max {sizes.max()}; classes per client "
             f"min {present.min()} / mean {present.mean():.1f} / max {present.max()}"
         )

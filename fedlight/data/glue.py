@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import glob
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -177,7 +178,10 @@ def load_tokenizer(name: str) -> Any:
 def tokenizer_key(tok: Any) -> str:
     """The tokenizer's identity for the cache: its class, vocabulary and rules (a fast tokenizer's JSON)."""
     backend = getattr(tok, "backend_tokenizer", None)
-    body = backend.to_str() if backend is not None else repr(sorted(tok.get_vocab().items()))
+    if backend is not None:  # without the call-time truncation/padding state a fast tokenizer keeps in its JSON
+        body = {k: v for k, v in json.loads(backend.to_str()).items() if k not in ("truncation", "padding")}
+    else:
+        body = sorted(tok.get_vocab().items())
     return digest(type(tok).__name__, body, tok.pad_token_id, getattr(tok, "padding_side", "right"))
 
 
@@ -216,7 +220,7 @@ def _read_folder(task: str, train: bool, folder: Path) -> tuple[list[tuple[str, 
     spec = TASKS[task]
     split = "train" if train else spec.validation
     tsv = folder / ("train.tsv" if train else spec.dev_tsv)
-    parquet = sorted(glob.glob(str(folder / f"{split}-*.parquet"))) or sorted(glob.glob(str(folder / f"{split}.parquet")))
+    parquet = sorted(glob.glob(str(folder / f"{split}-*.parquet")) + glob.glob(str(folder / f"{split}.parquet")))
     if tsv.is_file():
         texts, labels = _read_tsv(spec, tsv)
         files = [tsv]

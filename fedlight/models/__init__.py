@@ -33,7 +33,7 @@ MODELS: tuple[str, ...] = (
 """Names of the models a recipe can use (``fedlight ls``)."""
 
 _LAZY = {"ViTTiny": "fedlight.models.vit", "Timm": "fedlight.models.timm", "LoRA": "fedlight.models.timm",
-         "HFSequenceClassifier": "fedlight.models.hf", "HFCausalLM": "fedlight.models.hf", "HFLoRA": "fedlight.models.hf"}
+         **dict.fromkeys(("HFSequenceClassifier", "HFCausalLM", "HFLoRA"), "fedlight.models.hf")}
 
 __all__ = [
     "MODELS",

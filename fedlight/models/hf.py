@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlight.errors import ConfigError, check
+from fedlight.params import in_stacked
 
 ARCHITECTURES: dict[str, dict[str, Any]] = {
     "roberta-base": {"model_type": "roberta", "vocab_size": 50265, "hidden_size": 768, "num_hidden_layers": 12,
@@ -149,12 +150,20 @@ def apply_lora(model: nn.Module, lora: HFLoRA, heads: tuple[str, ...] = HEADS) -
         p.requires_grad_("lora_" in n or n.split(".", 1)[0] in heads)
 
 
+def _sdpa(model: nn.Module) -> bool:
+    return getattr(model.config, "_attn_implementation", None) == "sdpa" and not model.config.is_decoder
+
+
 class HFModel(nn.Module):
     """Base of the wrappers: ``self.model`` is the ``transformers`` model; ``forward`` returns the logits tensor."""
 
     auto_class = "AutoModel"
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, **kwargs: Any) -> Tensor:
+        if attention_mask is not None and attention_mask.dim() == 2 and in_stacked() and _sdpa(self.model):
+            # under vmap: a ready [B, 1, 1, T] boolean mask, which transformers passes on as is (building one from
+            # the 2-D padding mask branches on its values, which vmap cannot do)
+            attention_mask = attention_mask[:, None, None, :].bool()
         return self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits
 
     @property

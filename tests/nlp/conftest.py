@@ -74,10 +74,13 @@ def tiny_roberta(vocab_size: int, dropout: float = 0.0) -> dict:
             "pad_token_id": 1, "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
 
 
+PLAY = ("To be, or not to be: that is the question. Whether 'tis nobler in the mind to suffer the slings and "
+        "arrows of outrageous fortune, or to take arms against a sea of troubles. ")
+
+
 def write_shakespeare(root, roles: int = 3, per_role: int = 12, seq_len: int = 80) -> None:
     """LEAF's all_data layout: one JSON with ``roles`` speaking roles, ``per_role`` 80-char samples each."""
-    text = ("To be, or not to be: that is the question. Whether 'tis nobler in the mind to suffer the slings "
-            "and arrows of outrageous fortune, or to take arms against a sea of troubles. ") * 4
+    text = PLAY * 4
     users, data = [], {}
     for r in range(roles):
         name = f"THE_PLAY_ROLE{r}"
