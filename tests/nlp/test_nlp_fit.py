@@ -121,3 +121,18 @@ def test_gpt2_on_shakespeare_runs_figure1_rules(rule, shakespeare_root, tmp_path
     assert s["headline"]["metric"] == "test_perplexity"
     assert 1 < s["final_test_perplexity"] < 200 and 0 <= s["final_test_token_acc"] <= 1  # random init: ≈ 80
     assert abs(math.log(s["final_test_perplexity"]) - s["final_test_loss"]) < 1e-4
+
+
+def test_bench_lora_row_counts_adapter_bytes_and_adapter_sized_client_state(capsys):
+    from fedlight.lab import bench
+
+    assert bench.main(["--lora", "--tiny", "--no-vmap"]) == 0
+    out = capsys.readouterr().out
+    assert "roberta-lora tiny" in out and "stateful SCAFFOLD clients" in out
+    from fedlight.lab.bench_nlp import lora
+
+    r = lora("tiny", clients=2, steps=1, batch=4, seq=16, reps=1, warmup=0, stateful=4)
+    n = r["trainable_params"]  # 2 layers × (q, v) × (A + B) at r 16, width 32; head 32·32 + 32 + 2·32 + 2
+    assert n == 2 * 2 * 2 * 16 * 32 + 1122 and r["total_params"] > 300 * n
+    assert r["bytes_up_per_round"] == r["bytes_down_per_round"] == 4 * n * 2
+    assert r["stateful_clients"] == 4 and r["state_bytes"] == 4 * 4 * n  # SCAFFOLD's c_i: adapter-sized
