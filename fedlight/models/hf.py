@@ -122,7 +122,8 @@ def build(auto_class: str, name: str | None, config: dict[str, Any] | None, what
     if name is None or _on_meta():
         return cls.from_config(cfg)
     try:
-        return cls.from_pretrained(name, config=cfg, local_files_only=os.path.isdir(name) or hub_offline())
+        return cls.from_pretrained(name, config=cfg, local_files_only=os.path.isdir(name) or hub_offline(),
+                                   ignore_mismatched_sizes=True)  # a head of another label count starts afresh
     except OSError as e:
         if os.path.isdir(name):
             raise ConfigError(f"`{what}` {name!r}: no weights could be read ({str(e).splitlines()[0]}); save the "
