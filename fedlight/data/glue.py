@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.data.base import FederatedDataModule, common_args, data_root, select
+from fedlight.data.base import FederatedDataModule, data_root, select
 from fedlight.data.cache import cached, digest
 from fedlight.data.partition import Dirichlet, Partitioner
 from fedlight.errors import ConfigError
@@ -65,7 +65,6 @@ def task_key(task: str) -> str:
     return key
 
 
-@common_args
 class GLUE(FederatedDataModule):
     """A GLUE task split over clients (default: the FedAdamW paper's 20 clients, Dir(0.8) over labels, batch 32).
 
@@ -73,7 +72,13 @@ class GLUE(FederatedDataModule):
         task: cola, rte, sst2, qqp, mrpc, qnli or mnli (GLUE's spellings ``CoLA``, ``SST-2`` ... also work).
         tokenizer: the model's tokenizer: a local directory or Hub name (``roberta-base``), or a ``transformers``
             tokenizer object (Python API).
+        root: data folder holding ``glue/<Task>`` (or ``<Task>``); default ``$FEDLIGHT_DATA``, else ``./data``.
         max_length: truncate each example to this many tokens (special tokens included).
+        num_clients: number of clients the training split is spread over.
+        batch_size: client mini-batch size.
+        partition: how the training split is spread (default ``Dirichlet(0.8)`` over labels, the paper's).
+        subset, test_subset: keep this many random training / validation examples (quick runs).
+        eval_batch_size: batch size of the evaluation batches.
     """
 
     def __init__(self, task: str = "sst2", tokenizer: Any = "roberta-base", root: str | None = None,

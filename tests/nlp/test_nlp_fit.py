@@ -82,6 +82,17 @@ def test_stacked_clients_equal_sequential_ones(rule, glue_root, tokenizer, tmp_p
         torch.testing.assert_close(out["vmap"][k], v, rtol=1e-4, atol=1e-6)
 
 
+def test_gpt2_stacked_equals_sequential(shakespeare_root, tmp_path):
+    out = {}
+    for mode in ("sequential", "vmap"):
+        m = gpt2()
+        fit(m, Shakespeare(root=str(shakespeare_root), batch_size=4), FedAdamW(), tmp_path, mode, rounds=2,
+            client_parallelism=mode)
+        out[mode] = P.clone(P.trainable(m))
+    for k, v in out["sequential"].items():
+        torch.testing.assert_close(out["vmap"][k], v, rtol=1e-4, atol=1e-6)
+
+
 def test_fedadamw_hessian_blocks_follow_appendix_d_on_roberta(tokenizer):
     full = HFSequenceClassifier(config=tiny_roberta(len(tokenizer)))
     shapes = {k: tuple(v.shape) for k, v in P.trainable(full).items()}
@@ -111,13 +122,16 @@ def test_fedadamw_hessian_refuses_a_wrong_head_dim(glue_root, tokenizer, tmp_pat
     assert math.isfinite(s["final_train_loss"])
 
 
+def gpt2():
+    torch.manual_seed(0)
+    return HFCausalLM(config={"model_type": "gpt2", "vocab_size": 80, "n_positions": 80, "n_embd": 16, "n_layer": 1,
+                              "n_head": 2, "bos_token_id": 0, "eos_token_id": 0}, dropout=0.0)
+
+
 @pytest.mark.parametrize("rule", ["fedavg", "local_adamw", "fedadamw"])
 def test_gpt2_on_shakespeare_runs_figure1_rules(rule, shakespeare_root, tmp_path):
-    torch.manual_seed(0)
-    m = HFCausalLM(config={"model_type": "gpt2", "vocab_size": 80, "n_positions": 80, "n_embd": 16, "n_layer": 1,
-                           "n_head": 2, "bos_token_id": 0, "eos_token_id": 0}, dropout=0.0)
     data = Shakespeare(root=str(shakespeare_root), batch_size=4)
-    s = fit(m, data, get_algorithm(rule).cls(), tmp_path, rule, lr=0.1 if rule == "fedavg" else 1e-3)
+    s = fit(gpt2(), data, get_algorithm(rule).cls(), tmp_path, rule, lr=0.1 if rule == "fedavg" else 1e-3)
     assert s["headline"]["metric"] == "test_perplexity"
     assert 1 < s["final_test_perplexity"] < 200 and 0 <= s["final_test_token_acc"] <= 1  # random init: ≈ 80
     assert abs(math.log(s["final_test_perplexity"]) - s["final_test_loss"]) < 1e-4
