@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import glob
-import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ import torch
 from torch import Tensor
 
 from fedlight.data.base import FederatedDataModule, data_root, select
-from fedlight.data.cache import cached, digest
+from fedlight.data.cache import cached, digest, file_digest
 from fedlight.data.partition import Dirichlet, Partitioner
 from fedlight.errors import ConfigError
 
@@ -235,16 +234,7 @@ def _read_folder(task: str, train: bool, folder: Path) -> tuple[list[tuple[str, 
     else:
         raise ConfigError(f"GLUE {spec.folder}: the folder {folder} lacks the {split} split; expected "
                           f"{tsv.name} (GLUE's TSV) or {split}-*.parquet (the Hub's files) there")
-    return texts, labels, _content_key(files)
-
-
-def _content_key(files: list[Path]) -> str:
-    h = hashlib.sha256()
-    for f in files:
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:32]
+    return texts, labels, file_digest(files)
 
 
 def _read_tsv(spec: GlueTask, path: Path) -> tuple[list[tuple[str, ...]], np.ndarray]:

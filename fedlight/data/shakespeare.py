@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from fedlight.data.base import FederatedDataModule, data_root, not_found, positive_int, seeded, select
-from fedlight.data.cache import cached, digest
+from fedlight.data.cache import cached, digest, file_digest
 from fedlight.errors import ConfigError
 
 LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
@@ -95,7 +95,8 @@ class Shakespeare(FederatedDataModule):
         parts = [np.flatnonzero(owner == i) for i in range(len(names))]
         names = [n for n, p in zip(names, parts) if len(p)]  # a subset may leave a role without samples
         parts = [p for p in parts if len(p)]
-        test = torch.from_numpy(np.concatenate([roles[r][1] for r in names]))
+        unseen = [r for r in roles if len(roles[r][0]) == 0]  # roles of the test files only (LEAF's user split)
+        test = torch.from_numpy(np.concatenate([roles[r][1] for r in names + unseen]))
         tkeep = select(len(test), self.test_subset, seeded(seed, 0x5B72))
         test = test if tkeep is None else test[torch.from_numpy(tkeep)]
         self.num_clients, self.roles = len(parts), names
@@ -105,8 +106,8 @@ class Shakespeare(FederatedDataModule):
     def _roles(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """role → (train, test) uint8 ``[n, seq_len + 1]`` samples (cached by file content and ``seq_len``)."""
         train_files, test_files = self._files()
-        key = digest("shakespeare", self.seq_len, self.test_fraction,
-                     *[(f.name, f.read_bytes()) for f in train_files + test_files])
+        key = digest("shakespeare", self.seq_len, self.test_fraction, file_digest(train_files),
+                     file_digest(test_files))
         entry = cached("shakespeare", key, lambda: self._read(train_files, test_files))
         roles = [str(r) for r in json.loads(bytes(entry["roles"].numpy()).decode())]
         out, cut = {}, entry["bounds"].numpy()
@@ -129,9 +130,9 @@ class Shakespeare(FederatedDataModule):
 
     def _read(self, train_files: list[Path], test_files: list[Path]) -> dict[str, Tensor]:
         train, test = _users(train_files, self.seq_len), _users(test_files, self.seq_len)
-        roles, chunks, bounds, o = sorted(train), [], [], 0
+        roles, chunks, bounds, o = sorted(set(train) | set(test)), [], [], 0  # LEAF's user split: test-only roles
         for r in roles:
-            tr, te = train[r], test.get(r)
+            tr, te = train.get(r, np.zeros((0, self.seq_len + 1), np.uint8)), test.get(r)
             if te is None and not test_files:  # all_data: the last test_fraction of the role, in time order
                 cut = len(tr) - max(1, int(round(self.test_fraction * len(tr)))) if len(tr) > 1 else len(tr)
                 tr, te = tr[:cut], tr[cut:]

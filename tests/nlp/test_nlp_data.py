@@ -111,3 +111,18 @@ def test_shakespeare_train_test_folders_and_min_samples(tmp_path):
 def test_shakespeare_without_files_says_where_it_looked(tmp_path):
     with pytest.raises(ConfigError, match="all_data"):
         Shakespeare(root=str(tmp_path)).setup("cpu", 0)
+
+
+def test_shakespeare_user_split_evaluates_on_the_test_roles(tmp_path):
+    import json
+
+    write_shakespeare(tmp_path, roles=3, per_role=5)
+    src = tmp_path / "shakespeare" / "data"
+    blob = json.loads((src / "all_data" / "all_data.json").read_text())
+    for split, users in (("train", blob["users"][:2]), ("test", blob["users"][2:])):
+        (src / split).mkdir()
+        part = {"users": users, "user_data": {u: blob["user_data"][u] for u in users}}
+        (src / split / "s.json").write_text(json.dumps(part))
+    data = Shakespeare(root=str(tmp_path))
+    data.setup("cpu", 0)
+    assert data.num_clients == 2 and data.num_train == 5 + 6 and data.num_test == 7  # role 2 only in test
