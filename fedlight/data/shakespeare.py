@@ -20,7 +20,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.data.base import FederatedDataModule, data_root, not_found, positive_int, seeded, select
+from fedlight.data.base import (
+    SUBSET_TEST_TAG,
+    SUBSET_TRAIN_TAG,
+    FederatedDataModule,
+    data_root,
+    not_found,
+    positive_int,
+    seeded,
+    select,
+)
 from fedlight.data.cache import cached, digest, file_digest
 from fedlight.errors import ConfigError
 
@@ -87,7 +96,7 @@ class Shakespeare(FederatedDataModule):
             raise ConfigError(f"no Shakespeare role has `data.init_args.min_samples`={self.min_samples} training "
                               "samples; lower it")
         train = [roles[r][0] for r in names]
-        keep = select(sum(map(len, train)), self.subset, seeded(seed, 0x5B71))
+        keep = select(sum(map(len, train)), self.subset, seeded(seed, SUBSET_TRAIN_TAG))
         owner = np.concatenate([np.full(len(t), i) for i, t in enumerate(train)])
         train_x = torch.from_numpy(np.concatenate(train))
         if keep is not None:
@@ -97,7 +106,7 @@ class Shakespeare(FederatedDataModule):
         parts = [p for p in parts if len(p)]
         unseen = [r for r in roles if len(roles[r][0]) == 0]  # roles of the test files only (LEAF's user split)
         test = torch.from_numpy(np.concatenate([roles[r][1] for r in names + unseen]))
-        tkeep = select(len(test), self.test_subset, seeded(seed, 0x5B72))
+        tkeep = select(len(test), self.test_subset, seeded(seed, SUBSET_TEST_TAG))
         test = test if tkeep is None else test[torch.from_numpy(tkeep)]
         self.num_clients, self.roles = len(parts), names
         dummy = lambda t: torch.zeros(len(t), 0, dtype=torch.int64)  # noqa: E731 - the targets live in x

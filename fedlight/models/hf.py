@@ -146,7 +146,11 @@ def apply_lora(model: nn.Module, lora: HFLoRA, heads: tuple[str, ...] = HEADS) -
                           f"linear modules are named {', '.join(linear)}")
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=list(lora.target_modules))
-    inject_adapter_in_model(config, model)
+    try:
+        inject_adapter_in_model(config, model)
+    except ValueError as e:  # e.g. a target that is not a linear layer
+        raise ConfigError(f"`model.init_args.lora.target_modules` {lora.target_modules}: {str(e).splitlines()[0]}; "
+                          f"LoRA goes on linear modules, here named {', '.join(linear)}") from None
     for n, p in model.named_parameters():
         p.requires_grad_("lora_" in n or n.split(".", 1)[0] in heads)
 

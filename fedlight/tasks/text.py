@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from fedlight.errors import ConfigError
-from fedlight.tasks.base import Task, check_vocab, outputs
+from fedlight.tasks.base import Task, _forward, _guard, check_vocab, outputs
 
 HEADLINES = ("acc", "f1", "mcc", "loss")
 
@@ -71,10 +71,28 @@ class TextClassification(Task):
                 got = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
                 raise ConfigError(f"TextClassification needs dict batches with `input_ids` and `labels`; the {name} "
                                   f"batch is {got}")
+        self.check(model, data)
+        logits = _guard("the model's forward pass", lambda: _no_grad_eval(model, train_batch, _forward(fabric)))
+        if logits.dim() != 2 or logits.shape[-1] != self.num_classes:
+            raise ConfigError(f"the model outputs {logits.shape[-1] if logits.dim() else 1} scores per example but "
+                              f"the data has {self.num_classes} classes; set `--model.init_args.num_labels "
+                              f"{self.num_classes}` (or the model's equivalent argument)")
         super().probe(model, train_batch, test_batch, data, fabric)
 
     def __repr__(self) -> str:
         return f"TextClassification(num_classes={self.num_classes}, headline={self.headline!r})"
+
+
+def _no_grad_eval(model: nn.Module, batch: dict[str, Tensor], forward) -> Tensor:
+    import torch
+
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return outputs(forward(model, **_inputs(batch)))
+    finally:
+        model.train(was)
 
 
 def _inputs(batch: dict[str, Tensor]) -> dict[str, Tensor]:
