@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import PLAY, sentences, write_glue, write_shakespeare
+from nlp_fixtures import PLAY, sentences, write_glue, write_shakespeare
 
 from fedlight.data import GLUE, IID, Shakespeare
 from fedlight.data import glue as glue_mod

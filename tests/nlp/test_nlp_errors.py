@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tokenizer, tiny_roberta
+from nlp_fixtures import make_tokenizer, tiny_roberta
 
 import fedlight
 from fedlight import cli

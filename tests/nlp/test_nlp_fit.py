@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_roberta
+from nlp_fixtures import tiny_roberta
 
 import fedlight
 from fedlight import params as P
