@@ -102,8 +102,8 @@ def _config(name: str | None, config: dict[str, Any] | None, what: str, **overri
         except (ValueError, TypeError) as e:
             raise ConfigError(f"`model.init_args.config`: {e}") from None
     local = os.path.isdir(name)
-    try:
-        return tf.AutoConfig.from_pretrained(name, local_files_only=local or hub_offline(), **overrides)
+    try:  # on the meta device only the local cache is read (then the table): nothing is ever downloaded there
+        return tf.AutoConfig.from_pretrained(name, local_files_only=local or hub_offline() or _on_meta(), **overrides)
     except OSError:
         if local:
             raise ConfigError(f"`{what}` {name!r} is a directory without a transformers config.json; save the "
