@@ -130,10 +130,10 @@ class GLUE(FederatedDataModule):
         idx = select(len(y), keep, rng)
         if idx is not None:
             x, y = x[torch.from_numpy(idx)], y[torch.from_numpy(idx)]
-        return trim(x), y
+        return trim(x).to(torch.int32), y  # stored as int32 (QQP: 0.37 GB instead of 0.75 GB at length 128)
 
     def to_input(self, x: Tensor) -> Tensor:
-        return x  # token ids and masks stay int64
+        return x.long()  # the model gets int64 ids and masks
 
     def client_batches(self, client_id: int, num_steps: int, generator: torch.Generator) -> Iterator[dict]:
         for x, y in super().client_batches(client_id, num_steps, generator):
