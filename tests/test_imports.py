@@ -30,6 +30,20 @@ def test_rule_imports_no_data_models_cli_or_lab(statement):
     assert _imported(statement) == []
 
 
+NLP = ("transformers", "peft", "datasets", "tokenizers")
+
+
+def test_the_nlp_extra_is_imported_only_when_used():
+    statement = ("import fedlight, fedlight.data, fedlight.models, fedlight.tasks, fedlight.algorithms\n"
+                 "from fedlight.data import GLUE, Shakespeare\nfrom fedlight.models import MODELS")
+    code = f"import sys, json\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    mods = json.loads(out.strip().splitlines()[-1])
+    assert [m for m in mods if m.split(".")[0] in NLP] == []
+
+
 def test_fit_is_still_importable_from_the_package():
     import fedlight
     from fedlight import fit

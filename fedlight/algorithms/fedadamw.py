@@ -20,7 +20,13 @@ Blocks (Appendix D), how ``v̄`` is shared:
   * ``tensor``: one block per parameter tensor.
   * ``hessian``: Adam-mini-style blocks from timm parameter names: ``attn.qkv.weight`` split into q and k per
     head (``head_dim`` rows each) and v per output row; ``attn.proj``, ``mlp.fc1``, ``mlp.fc2`` weights per output
-    row; ``pos_embed`` per token; ``head.weight`` per class; everything else one block per tensor. At most
+    row; ``pos_embed`` per token; ``head.weight`` per class; everything else one block per tensor. Hugging Face
+    BERT/RoBERTa names likewise (Appendix D's Algorithm 3): ``attention.self.query`` / ``key`` weights per head,
+    ``value``, ``attention.output.dense``, ``intermediate.dense``, ``output.dense`` and the ``classifier`` per output
+    row, ``word_embeddings`` / ``position_embeddings`` per token; with LoRA the ``lora_B`` factor of query / key per
+    head and of value per row (its rows are the projection's outputs), ``lora_A`` one block. Appendix D.3's
+    RoBERTa-Base example — the coarser partition the paper's GLUE runs use — is one block per weight matrix:
+    ``blocks: tensor``. At most
     ``C = min(max_blocks, ⌊d/min_block_size⌋)`` blocks: consecutive units of one segment are merged with a common
     threshold s (⌈s/u⌉ units of u elements per block), s the smallest that brings the count to ≤ C; blocks never
     straddle tensors or q/k/v, and C below the number of tensors gives one block per tensor.
@@ -56,6 +62,11 @@ Runs = list[tuple[int, int]]
 _QKV = re.compile(r"(^|\.)attn\.qkv\.weight$")
 _ROWS = re.compile(r"(^|\.)(attn\.proj|mlp\.fc1|mlp\.fc2|head|head\.fc)\.weight$")
 _TOKENS = re.compile(r"(^|\.)pos_embed$")
+# Hugging Face BERT/RoBERTa names (Appendix D, Algorithm 3 on RoBERTa), with peft's LoRA factors of q/k/v
+_HF_HEADS = re.compile(r"(^|\.)attention\.self\.(query|key)(\.lora_B\.[^.]+)?\.weight$")
+_HF_ROWS = re.compile(r"(^|\.)(attention\.self\.value(\.lora_B\.[^.]+)?|attention\.output\.dense|intermediate\.dense|"
+                      r"output\.dense|classifier\.dense|classifier\.out_proj|classifier)\.weight$")
+_HF_TOKENS = re.compile(r"(^|\.)(word_embeddings|position_embeddings)\.weight$")
 
 
 def _segments(name: str, shape: tuple[int, ...], head_dim: int) -> list[tuple[int, int]]:
@@ -69,9 +80,14 @@ def _segments(name: str, shape: tuple[int, ...], head_dim: int) -> list[tuple[in
                               "`algorithm.head_dim` to the model's embed_dim / num_heads")
         width, heads = rows // 3, rows // 3 // head_dim
         return [(heads, head_dim * cols), (heads, head_dim * cols), (width, cols)]  # q, k per head; v per row
-    if _ROWS.search(name) and len(shape) >= 2:
+    if _HF_HEADS.search(name) and len(shape) == 2:
+        if shape[0] % head_dim:
+            raise ConfigError(f"`algorithm.head_dim` ({head_dim}) does not divide the {shape[0]} rows of {name}; set "
+                              "`algorithm.head_dim` to the model's hidden_size / num_attention_heads")
+        return [(shape[0] // head_dim, head_dim * shape[1])]  # query / key (or their LoRA B): per head
+    if (_ROWS.search(name) or _HF_ROWS.search(name)) and len(shape) >= 2:
         return [(shape[0], numel // shape[0])]  # per output neuron / class
-    if _TOKENS.search(name) and len(shape) >= 2:
+    if (_TOKENS.search(name) or _HF_TOKENS.search(name)) and len(shape) >= 2:
         return [(numel // shape[-1], shape[-1])]  # per token
     return [(1, numel)]
 
@@ -181,8 +197,8 @@ class _Blocks:
         if self.blocks != "hessian":
             return
         for name, mod in model.named_modules():
-            hd = getattr(mod, "head_dim", None)
-            if isinstance(hd, int) and hasattr(mod, "qkv") and hd != self.head_dim:
+            hd = getattr(mod, "head_dim", None) if hasattr(mod, "qkv") else getattr(mod, "attention_head_size", None)
+            if isinstance(hd, int) and (hasattr(mod, "qkv") or hasattr(mod, "query")) and hd != self.head_dim:
                 raise ConfigError(f"`algorithm.head_dim` is {self.head_dim} but {name or 'the model'} has "
                                   f"head_dim {hd}; set `algorithm.head_dim: {hd}`")
 
@@ -286,9 +302,11 @@ class FedAdamW(Algorithm):
         beta2: β2, second-moment decay in [0, 1).
         eps: ε (> 0).
         server_lr: η_g, the global learning rate (variant 3: γ = η_g·K·η).
-        blocks: how v̄ is shared: "tensor" (one scalar per tensor), "hessian" (Adam-mini blocks for timm
-            transformers) or "none" (element-wise v, Table 7's Agg-v).
-        head_dim: rows per attention head of ``attn.qkv`` (``blocks: hessian``); timm ViT/DeiT use 64, Swin 32.
+        blocks: how v̄ is shared: "tensor" (one scalar per tensor; Appendix D.3's RoBERTa partition), "hessian"
+            (Adam-mini blocks for timm transformers and Hugging Face BERT/RoBERTa, LoRA included) or "none"
+            (element-wise v, Table 7's Agg-v).
+        head_dim: rows per attention head of ``attn.qkv`` / ``query`` (``blocks: hessian``); timm ViT/DeiT and
+            RoBERTa-Base use 64, Swin 32.
         min_block_size: hessian cap: at most ⌊d/min_block_size⌋ blocks.
         max_blocks: hessian cap: at most this many blocks (None: no extra cap).
         aggregate_v: start local v from the aggregated v̄ (False: v_0 = 0, nothing about v is sent).

@@ -2,10 +2,12 @@
 
 from fedlight.data.augment import Chain, CropFlip
 from fedlight.data.base import FederatedDataModule
+from fedlight.data.glue import GLUE
 from fedlight.data.mapstyle import DataModuleClients, DatasetClients, as_federated
 from fedlight.data.partition import IID, Dirichlet, Partitioner, Pathological, QuantitySkew
 from fedlight.data.procedural import MarkovText, SyntheticRegression
 from fedlight.data.randaugment import RandAugment
+from fedlight.data.shakespeare import Shakespeare
 from fedlight.data.synthetic import Synthetic, TensorClients
 from fedlight.data.vision import CIFAR10, CIFAR100, FashionMNIST, ImageFolder, OfficeHome, TinyImageNet
 
@@ -22,6 +24,8 @@ DATASETS = (
     "MarkovText",
     "DatasetClients",
     "DataModuleClients",
+    "GLUE",
+    "Shakespeare",
 )
 PARTITIONERS = ("IID", "Dirichlet", "Pathological", "QuantitySkew")
 
@@ -39,12 +43,14 @@ __all__ = [
     "Dirichlet",
     "FashionMNIST",
     "FederatedDataModule",
+    "GLUE",
     "ImageFolder",
     "OfficeHome",
     "Partitioner",
     "Pathological",
     "QuantitySkew",
     "RandAugment",
+    "Shakespeare",
     "Synthetic",
     "SyntheticRegression",
     "TensorClients",

@@ -240,7 +240,7 @@ class FederatedDataModule:
     def num_train(self) -> int:
         """Number of training samples after ``subset``."""
         self._require_setup()
-        return len(self._train_y)
+        return len(self._train_y)  # (not the class labels: token and regression data have none)
 
     @property
     def num_test(self) -> int:

@@ -51,6 +51,17 @@ def digest(*parts: object) -> str:
     return h.hexdigest()[:32]
 
 
+def file_digest(files: Sequence[Path]) -> str:
+    """A hex key for the content of ``files`` (read in 1 MiB chunks; the order counts)."""
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):  # noqa: B023 - fh is the loop's file
+                h.update(chunk)
+        h.update(b"\0" + Path(f).name.encode() + b"\0")
+    return h.hexdigest()[:32]
+
+
 def atomic_save(obj: object, path: Path) -> None:
     """``torch.save`` ``obj`` to ``path`` through a temporary file and :func:`os.replace`."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,8 @@ Entry point: ``python tools/bench.py [sections] [options]`` (``--help``). Sectio
   RSS, and the max |difference| of the final models.
 * ``--many-clients``: SCAFFOLD with 10,000 clients of the Fashion-MNIST MLP (about 8 GB of ``c_i``) through a
   :class:`~fedlight.state.ClientStateStore` with a memory budget; process RSS and the per-round cost of the spill.
+* ``--lora``: RoBERTa + LoRA on GLUE-shaped token batches (:mod:`fedlight.lab.bench_nlp`, the ``nlp`` extra):
+  tokens per second and bytes per round, and the state of 20 stateful clients (adapter-sized, not model-sized).
 * ``--gpu``: ResNet-18-CIFAR at CIFAR-100 shapes, ``bf16-mixed``, every seed rule and FedAvg under each client
   runner (:mod:`fedlight.lab.bench_gpu`): s/round, MFU, host/GPU time, peak memory. Needs CUDA; skipped (and
   said so) without it.
@@ -22,6 +24,7 @@ medians (and per-round CPU time) are printed next to each other.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -182,8 +185,9 @@ class MinimalFedAvg:
 
 def fedlight_loop(model: nn.Module, clients, w: Workload, accelerator: str = "cpu", precision: str = "32-true",
                   algorithm: str = "fedavg", out_dir: str | None = None, data=None, parallelism: str = "sequential",
-                  **loop_kwargs):
-    """A real :class:`FederatedLoop` (FedAvg by default) on ``TensorClients`` holding the same tensors."""
+                  task=None, **loop_kwargs):
+    """A real :class:`FederatedLoop` (FedAvg by default) on ``TensorClients`` holding the same tensors (or on
+    ``data``, trained for ``task``; default classification)."""
     import lightning as L
 
     import fedlight
@@ -199,7 +203,7 @@ def fedlight_loop(model: nn.Module, clients, w: Workload, accelerator: str = "cp
                      weight_decay=w.weight_decay, max_grad_norm=w.max_grad_norm, progress=False,
                      client_parallelism=parallelism, **loop_kwargs)
     out = Path(out_dir or tempfile.mkdtemp(prefix="fedlight-bench-"))
-    return FederatedLoop(fabric, model, data, fedlight.create(algorithm), cfg, w.seed, out)
+    return FederatedLoop(fabric, model, data, fedlight.create(algorithm), cfg, w.seed, out, task=task)
 
 
 def _timed(fn, device: torch.device) -> tuple[float, float]:
@@ -477,6 +481,10 @@ def report(results: dict[str, Any]) -> str:
                    f"({c['fill_gb_per_s']:.2f} GB/s); checkpoint of the store {c['checkpoint_mb']:.2f} MB, written in "
                    f"{c['checkpoint_s'][0]:.2f} s (first: flushes the in-memory states) / {c['checkpoint_s'][1]:.2f} "
                    f"s (next round); max |x_spilled - x_memory| {c['max_abs_diff_spilled_vs_memory']:.1e}")
+    if "lora" in results:
+        from fedlight.lab.bench_nlp import report_lines as lora_lines
+
+        out += lora_lines(results["lora"])
     if "gpu" in results:
         out += report_lines(results["gpu"])
     out.append(f"peak RSS of the bench process: {peak_rss_mb():.0f} MB")
@@ -499,6 +507,10 @@ def parser(prog: str = "tools/bench.py") -> argparse.ArgumentParser:
     p.add_argument("--gpu-variants", default=None,
                    help="comma-separated algorithm[+sequential|+vmap|+reduce-overhead|+channels_last|+bn] "
                         "(default: every seed rule, FedAvg under each runner, BatchNorm)")
+    p.add_argument("--lora", action="store_true", help="RoBERTa-LoRA tokens/s, bytes/round, state of 20 clients")
+    p.add_argument("--lora-size", default="tiny", choices=("tiny", "small", "base"),
+                   help="--lora: RoBERTa size (tiny: 2 x 32, the CPU default; base: RoBERTa-Base, for a GPU)")
+    p.add_argument("--lora-seq", type=int, default=128, help="--lora: tokens per example (the paper's max length)")
     p.add_argument("--all", action="store_true", help="every section (the GPU one when CUDA is available)")
     p.add_argument("--workloads", default="mlp,lenet5", help="overhead workloads: mlp, lenet5 (comma-separated)")
     p.add_argument("--clients", type=int, default=10)
@@ -533,7 +545,9 @@ def main(argv: list[str] | None = None, prog: str = "tools/bench.py") -> int:
         a.clients, a.steps, a.batch, a.reps, a.warmup = 2, 3, 8, 1, 0
         a.mp_rounds, a.mp_steps, a.num_clients, a.budget_mb, a.mc_rounds = 2, 3, 40, 1.0, 1
     run_all = a.all
-    sections = {k: run_all or getattr(a, k) for k in ("overhead", "multiprocess", "many_clients", "gpu")}
+    sections = {k: run_all or getattr(a, k) for k in ("overhead", "multiprocess", "many_clients", "gpu", "lora")}
+    if not a.lora and importlib.util.find_spec("transformers") is None:
+        sections["lora"] = False  # --all without the nlp extra
     if not any(sections.values()):
         sections["overhead"] = True
     cmd = f"python {prog}" if prog.endswith(".py") else prog
@@ -549,6 +563,14 @@ def main(argv: list[str] | None = None, prog: str = "tools/bench.py") -> int:
                                                threads=a.mp_threads)
     if sections["many_clients"]:
         results["many_clients"] = many_clients(a.num_clients, a.budget_mb, a.mc_rounds, spill_dir=a.spill_dir)
+    if sections["lora"]:
+        from fedlight.lab import bench_nlp
+
+        seq, stateful = (16, 3) if a.tiny else (a.lora_seq, 20)
+        acc = "cuda" if a.lora_size == "base" and torch.cuda.is_available() else "cpu"
+        results["lora"] = bench_nlp.lora(a.lora_size, a.clients, a.steps if a.tiny else 10, a.batch if a.tiny else 32,
+                                         seq, a.reps, a.warmup, stateful, acc, "bf16-mixed" if acc == "cuda" else
+                                         "32-true")
     if sections["gpu"] or (run_all and torch.cuda.is_available()):
         variants = tuple(v.strip() for v in a.gpu_variants.split(",")) if a.gpu_variants else GPU_VARIANTS
         results["gpu"] = gpu(a.reps, a.warmup, variants) if not a.tiny else gpu(1, 0, ("fedavg",), 2, 3, 8)

@@ -1,7 +1,8 @@
 """Models: plain ``nn.Module`` classes that know nothing of federated learning.
 
 A recipe names one as ``model: {class_path: fedlight.models.ResNet18, init_args: {...}}``. The timm-based models
-(``ViTTiny``, ``Timm``, ``LoRA``) are imported on first use, so importing this package does not import timm.
+(``ViTTiny``, ``Timm``, ``LoRA``) and the Hugging Face wrappers (``HFSequenceClassifier``, ``HFCausalLM``, ``HFLoRA``;
+the ``nlp`` extra) are imported on first use, so importing this package imports neither timm nor transformers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from fedlight.models.gpt import TinyGPT
 from fedlight.models.resnet import ResNet, ResNet18, ResNet34, ResNet50
 
 if TYPE_CHECKING:
+    from fedlight.models.hf import HFCausalLM, HFLoRA, HFSequenceClassifier
     from fedlight.models.timm import LoRA, Timm
     from fedlight.models.vit import ViTTiny
 
@@ -27,13 +29,19 @@ MODELS: tuple[str, ...] = (
     "ViTTiny",
     "Timm",
     "TinyGPT",
+    "HFSequenceClassifier",
+    "HFCausalLM",
 )
 """Names of the models a recipe can use (``fedlight ls``)."""
 
-_LAZY = {"ViTTiny": "fedlight.models.vit", "Timm": "fedlight.models.timm", "LoRA": "fedlight.models.timm"}
+_LAZY = {"ViTTiny": "fedlight.models.vit", "Timm": "fedlight.models.timm", "LoRA": "fedlight.models.timm",
+         **dict.fromkeys(("HFSequenceClassifier", "HFCausalLM", "HFLoRA"), "fedlight.models.hf")}
 
 __all__ = [
     "MODELS",
+    "HFCausalLM",
+    "HFLoRA",
+    "HFSequenceClassifier",
     "LoRA",
     "LeNet5",
     "MLP",

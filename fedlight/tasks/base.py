@@ -134,6 +134,17 @@ def precision_forward(fabric: Any) -> Callable:
     return forward
 
 
+def eval_outputs(model: nn.Module, fabric: Any, *args: Any, **kwargs: Any) -> Tensor:
+    """The model's predictions in eval mode without gradients (nothing changes): for the probes' shape checks."""
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return outputs(precision_forward(fabric)(model, *args, **kwargs))
+    finally:
+        model.train(was)
+
+
 def guard(what: str, fn: Callable) -> Any:
     """Run ``fn``; a shape, dtype or index error becomes a :class:`ConfigError` naming ``what`` failed."""
     try:
@@ -151,6 +162,23 @@ def _describe(value: Any) -> str:
     if isinstance(value, Tensor):
         return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
     return f"a {type(value).__name__}"
+
+
+def check_vocab(model: nn.Module, data: Any) -> None:
+    """Refuse a tokenizer that does not fit the model: ids beyond the model's embedding, or another padding id.
+
+    Reads ``data.vocab_size`` / ``data.pad_token_id`` and ``model.vocab_size`` / ``model.pad_token_id`` where they
+    exist (fedlight's GLUE and Shakespeare data, its Hugging Face model wrappers); anything else is not checked."""
+    have, takes = getattr(data, "vocab_size", None), getattr(model, "vocab_size", None)
+    if isinstance(have, int) and isinstance(takes, int) and have > takes:
+        raise ConfigError(f"the tokenizer's vocabulary ({have} tokens) is larger than the model's embedding ({takes} "
+                          "rows): the data was tokenized for another model. Use the model's own tokenizer "
+                          "(`data.init_args.tokenizer` = the model's directory or Hub name)")
+    pad, model_pad = getattr(data, "pad_token_id", None), getattr(model, "pad_token_id", None)
+    if isinstance(pad, int) and isinstance(model_pad, int) and pad != model_pad:
+        raise ConfigError(f"the tokenizer pads with id {pad} but the model's padding id is {model_pad}: the data was "
+                          "tokenized for another model. Use the model's own tokenizer (`data.init_args.tokenizer` = "
+                          "the model's directory or Hub name)")
 
 
 def outputs(out: Any) -> Tensor:

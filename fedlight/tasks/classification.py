@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from fedlight.errors import ConfigError
-from fedlight.tasks.base import Task, guard, outputs
+from fedlight.tasks.base import Task, eval_outputs, guard, outputs
 
 
 class Classification(Task):
@@ -61,7 +61,7 @@ class Classification(Task):
             raise ConfigError("Classification needs integer class labels, but the data's targets are floating "
                               f"point ({y.dtype}); for real-valued targets use `--task Regression`")
         self.check(model, data)
-        logits = guard("the model's forward pass", lambda: _logits(model, train_batch, fabric))
+        logits = guard("the model's forward pass", lambda: eval_outputs(model, fabric, train_batch[0]))
         if logits.dim() < 2 or logits.shape[-1] != self.num_classes:
             raise ConfigError(f"the model outputs {logits.shape[-1] if logits.dim() else 1} scores per sample but "
                               f"the data has {self.num_classes} classes; set `--model.init_args.num_classes "
@@ -71,19 +71,3 @@ class Classification(Task):
     def __repr__(self) -> str:
         return f"Classification(num_classes={self.num_classes})"
 
-
-def _logits(model, batch, fabric) -> Tensor:
-    import torch
-
-    x, _ = batch
-    with torch.no_grad():
-        was = model.training
-        model.eval()
-        try:
-            if fabric is None:
-                return outputs(model(x))
-            precision = fabric.strategy.precision
-            with precision.forward_context():
-                return outputs(model(precision.convert_input(x)))
-        finally:
-            model.train(was)

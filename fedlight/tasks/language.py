@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from fedlight.errors import ConfigError
-from fedlight.tasks.base import Task, outputs
+from fedlight.tasks.base import Task, check_vocab, outputs
 
 IGNORE = -100
 """Target value that does not count (padding), as in PyTorch and Hugging Face."""
@@ -68,6 +68,9 @@ class LanguageModeling(Task):
             return outputs(forward(model, **inputs))[..., :-1, :], labels[..., 1:]
         x, y = batch
         return outputs(forward(model, x)), y
+
+    def check(self, model: nn.Module, data: Any) -> None:
+        check_vocab(model, data)
 
     def probe(self, model, train_batch, test_batch, data, fabric=None) -> None:
         ids = train_batch if isinstance(train_batch, Tensor) else (

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from fedlight.errors import ConfigError
-from fedlight.tasks.base import Task, outputs
+from fedlight.tasks.base import Task, check_vocab, eval_outputs, guard, outputs
 
 HEADLINES = ("acc", "f1", "mcc", "loss")
 
@@ -68,6 +68,7 @@ class TextClassification(Task):
         if self.num_classes is None or self.num_classes < 2:
             raise ConfigError(f"TextClassification needs the number of labels (>= 2), got {self.num_classes}; set "
                               "`--task.init_args.num_classes` or give the data module a `num_classes`")
+        check_vocab(model, data)
 
     def probe(self, model, train_batch, test_batch, data, fabric=None) -> None:
         self.check(model, data)
@@ -76,6 +77,11 @@ class TextClassification(Task):
                 got = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
                 raise ConfigError(f"TextClassification needs dict batches with `input_ids` and `labels`; the {name} "
                                   f"batch is {got}")
+        logits = guard("the model's forward pass", lambda: eval_outputs(model, fabric, **_inputs(train_batch)))
+        if logits.dim() != 2 or logits.shape[-1] != self.num_classes:
+            raise ConfigError(f"the model outputs {logits.shape[-1] if logits.dim() else 1} scores per example but "
+                              f"the data has {self.num_classes} classes; set `--model.init_args.num_labels "
+                              f"{self.num_classes}` (or the model's equivalent argument)")
         super().probe(model, train_batch, test_batch, data, fabric)
 
     def __repr__(self) -> str:
