@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, default_collate
 
@@ -169,16 +168,17 @@ class DataModuleClients(DatasetClients):
     the loader's); ``test_dataloader()`` (else ``val_dataloader()``) is the evaluation.
 
     Args:
-        datamodule: a ``lightning.pytorch.LightningDataModule``.
+        datamodule: a ``lightning.pytorch.LightningDataModule``, or its class-path spec (``{"class_path": ...,
+            "init_args": {...}}``, as a recipe writes it), built here.
         num_clients, batch_size, partition, label_fn, client_fn, num_classes: as :class:`DatasetClients`.
     """
 
-    def __init__(self, datamodule: LightningDataModule, num_clients: int = 10, batch_size: int | None = None,
+    def __init__(self, datamodule: Any, num_clients: int = 10, batch_size: int | None = None,
                  partition: Partitioner | None = None, label_fn: Callable[[Any], Any] | None = None,
                  client_fn: Callable[[Any], Any] | None = None, num_classes: int | None = None) -> None:
         super().__init__(train=None, num_clients=num_clients, batch_size=batch_size or 1, partition=partition,
                          label_fn=label_fn, client_fn=client_fn, num_classes=num_classes)
-        self.datamodule, self._batch_size_given = datamodule, batch_size
+        self.datamodule, self._batch_size_given = _built(datamodule), batch_size
         self._loaded = False
 
     def _datasets(self) -> tuple[Dataset, Dataset | None]:
@@ -211,11 +211,24 @@ class DataModuleClients(DatasetClients):
         return len(loader.dataset) if hasattr(loader, "dataset") else 0
 
 
+def _built(spec: Any) -> Any:
+    """A datamodule given as a class-path spec (a mapping or jsonargparse's namespace), instantiated."""
+    if hasattr(spec, "as_dict"):
+        spec = spec.as_dict()
+    if isinstance(spec, (dict, str)):
+        from fedlight.spec import build
+
+        return build(spec)
+    return spec
+
+
 def as_federated(data: Any) -> FederatedDataModule:
     """``data`` as a federated data module: itself, or a LightningDataModule wrapped in :class:`DataModuleClients`
     with its defaults (printed, so the user knows how to choose)."""
     if isinstance(data, FederatedDataModule):
         return data
+    from lightning.pytorch import LightningDataModule
+
     if isinstance(data, LightningDataModule):
         wrapped = DataModuleClients(data)
         print(f"fedlight: note: {type(data).__name__} split into {wrapped.num_clients} IID clients; pass "
