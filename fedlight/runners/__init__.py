@@ -56,4 +56,4 @@ def _why_not_stacked(setup: TrainSetup) -> str | None:
         return f"the rule cannot run stacked ({setup.local.stacked_unsupported})"
     if any(_drops(m) for m in setup.model.modules()):
         return "the model has dropout (stacked clients draw different masks than sequential ones)"
-    return None
+    return getattr(setup.task, "stacked_note", None)

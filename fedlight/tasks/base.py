@@ -33,6 +33,9 @@ class Task:
     higher_is_better: bool = False
     reports: tuple[str, ...] = ("loss",)
     """The names :meth:`metrics` reports (without ``test_``), known before any data is seen."""
+    stacked_note: str | None = None
+    """Why ``loop.client_parallelism: auto`` should train this task's clients one after another even on CUDA
+    (forcing ``vmap`` still works); ``None``: no reason."""
 
     def setup(self, data: Any) -> None:
         """Learn what the task needs from the data module after its ``setup`` (e.g. the number of classes)."""

@@ -43,6 +43,9 @@ class LightningTask(Task):
         higher_is_better: the headline's direction; default: by its name (accuracy, F1, R², ... higher).
     """
 
+    stacked_note = ("a LightningModule's training_step logs per client (force stacked clients with "
+                    "`--loop.client_parallelism vmap`; values logged inside a stacked step are not kept)")
+
     def __init__(self, headline: str | None = None, higher_is_better: bool | None = None) -> None:
         self._headline, self._higher = headline, higher_is_better
         self.names: tuple[str, ...] | None = None  # learned by the probe (what test_step logs)

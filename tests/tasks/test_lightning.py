@@ -187,3 +187,19 @@ def test_one_and_two_processes_agree_for_lightning_code(tmp_path):
     assert outs[2]["summary"] == pytest.approx(outs[1]["summary"], abs=1e-6)
     for k, v in outs[1]["model"].items():
         torch.testing.assert_close(outs[2]["model"][k], v, rtol=0, atol=1e-6)
+
+
+def test_auto_trains_a_lightning_module_sequentially_even_on_cuda_and_says_why():
+    from types import SimpleNamespace
+
+    from fedlight import LocalUpdateRule
+    from fedlight.runners import SequentialRunner, TrainSetup, select_runner
+    from fedlight.tasks import Classification, LightningTask
+
+    fabric = SimpleNamespace(device=torch.device("cuda"), strategy=SimpleNamespace(precision=None))
+    setup = dict(model=LitMLP(), local=LocalUpdateRule(), fabric=fabric, optimizer=_cfg().optimizer_factory(),
+                 max_grad_norm=None, weight_decay=0.0, seed=0)
+    runner, why = select_runner(_cfg(compile=False), TrainSetup(**setup, task=LightningTask()), "fedavg")
+    assert isinstance(runner, SequentialRunner) and "LightningModule's training_step logs per client" in why
+    runner, _ = select_runner(_cfg(compile=False), TrainSetup(**setup, task=Classification(3)), "fedavg")
+    assert not isinstance(runner, SequentialRunner)  # the same module as a plain model under a built-in task
