@@ -148,6 +148,14 @@ def eval_outputs(model: nn.Module, fabric: Any, *args: Any, **kwargs: Any) -> Te
         model.train(was)
 
 
+def check_class_count(logits: Tensor, num_classes: int, argument: str = "num_classes") -> None:
+    """Refuse a model whose output is not ``[batch, num_classes]`` scores, naming the model argument to set."""
+    if logits.dim() != 2 or logits.shape[-1] != num_classes:
+        raise ConfigError(f"the model outputs {logits.shape[-1] if logits.dim() else 1} scores per sample but the "
+                          f"data has {num_classes} classes; set `--model.init_args.{argument} {num_classes}` (or the "
+                          "model's equivalent argument)")
+
+
 def guard(what: str, fn: Callable) -> Any:
     """Run ``fn``; a shape, dtype or index error becomes a :class:`ConfigError` naming ``what`` failed."""
     try:

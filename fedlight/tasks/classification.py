@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from fedlight.errors import ConfigError
-from fedlight.tasks.base import Task, eval_outputs, guard, outputs
+from fedlight.tasks.base import Task, check_class_count, eval_outputs, guard, outputs
 
 
 class Classification(Task):
@@ -62,10 +62,7 @@ class Classification(Task):
                               f"point ({y.dtype}); for real-valued targets use `--task Regression`")
         self.check(model, data)
         logits = guard("the model's forward pass", lambda: eval_outputs(model, fabric, train_batch[0]))
-        if logits.dim() < 2 or logits.shape[-1] != self.num_classes:
-            raise ConfigError(f"the model outputs {logits.shape[-1] if logits.dim() else 1} scores per sample but "
-                              f"the data has {self.num_classes} classes; set `--model.init_args.num_classes "
-                              f"{self.num_classes}` (or the model's equivalent argument)")
+        check_class_count(logits, self.num_classes)
         super().probe(model, train_batch, test_batch, data, fabric)
 
     def __repr__(self) -> str:

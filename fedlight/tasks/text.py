@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from fedlight.errors import ConfigError
-from fedlight.tasks.base import Task, check_vocab, eval_outputs, guard, outputs
+from fedlight.tasks.base import Task, check_class_count, check_vocab, eval_outputs, guard, outputs
 
 HEADLINES = ("acc", "f1", "mcc", "loss")
 
@@ -78,10 +78,7 @@ class TextClassification(Task):
                 raise ConfigError(f"TextClassification needs dict batches with `input_ids` and `labels`; the {name} "
                                   f"batch is {got}")
         logits = guard("the model's forward pass", lambda: eval_outputs(model, fabric, **_inputs(train_batch)))
-        if logits.dim() != 2 or logits.shape[-1] != self.num_classes:
-            raise ConfigError(f"the model outputs {logits.shape[-1] if logits.dim() else 1} scores per example but "
-                              f"the data has {self.num_classes} classes; set `--model.init_args.num_labels "
-                              f"{self.num_classes}` (or the model's equivalent argument)")
+        check_class_count(logits, self.num_classes, "num_labels")
         super().probe(model, train_batch, test_batch, data, fabric)
 
     def __repr__(self) -> str:

@@ -53,7 +53,7 @@ def test_a_tokenizer_of_another_model_is_refused(tmp_path, tokenizer, glue_root)
 
 def test_a_head_of_the_wrong_size_names_num_labels(tmp_path, tokenizer, glue_root):
     two = HFSequenceClassifier(config=tiny_roberta(len(tokenizer)), num_labels=2)
-    with pytest.raises(ConfigError, match="outputs 2 scores per example but the data has 3 classes; set "
+    with pytest.raises(ConfigError, match="outputs 2 scores per sample but the data has 3 classes; set "
                                           "`--model.init_args.num_labels 3`"):
         fit(two, GLUE("mnli", tokenizer=tokenizer, root=str(glue_root), num_clients=2, partition=IID()), tmp_path)
 
