@@ -289,8 +289,8 @@ def run_rows(runs: list[Path]) -> list[dict[str, Any]]:
         rows.append({
             "run": label, "algorithm": _algorithm(run), "finished": s is not None,
             "rounds": s["rounds_completed"] if s else (curve[-1]["round"] if curve else 0), "metric": key,
-            "final": (s or {}).get(f"final_{key}") if s else _from_curve(curve, f"final_{key}", key),
-            "best": (s or {}).get(f"best_{key}") if s else _from_curve(curve, f"best_{key}", key),
+            f"final_{key}": s.get(f"final_{key}") if s else _from_curve(curve, f"final_{key}", key),
+            f"best_{key}": s.get(f"best_{key}") if s else _from_curve(curve, f"best_{key}", key),
             "best_round": s["best_round"] if s else None,
             "final_train_loss": s["final_train_loss"] if s else (curve[-1].get("train_loss") if curve else None),
             "seconds_per_round": s["seconds_per_round"] if s else None,
@@ -312,13 +312,13 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             "|---|---|---:|---:|---:|---:|---:|\n")
     return head + "".join(
         f"| {r['run']}{'' if r['finished'] else ' (unfinished)'} | {r['algorithm']} | {r['rounds']} | "
-        f"{val(r['final'])} | {val(r['best'])} ({_fmt(r['best_round'], 'd')}) | "
+        f"{val(r.get(f'final_{key}'))} | {val(r.get(f'best_{key}'))} ({_fmt(r['best_round'], 'd')}) | "
         f"{_fmt(r['final_train_loss'], '.4f')} | {_fmt(r['seconds_per_round'], '.3f')} |\n" for r in rows)
 
 
 def csv_text(rows: list[dict[str, Any]]) -> str:
     out = io.StringIO()
-    w = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+    w = csv.DictWriter(out, fieldnames=list(dict.fromkeys(k for r in rows for k in r)), lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
     return out.getvalue()

@@ -42,7 +42,7 @@ def test_summary_and_table_metrics_of_a_lower_is_better_headline(regression_run)
 def test_report_table_uses_the_headline(regression_run):
     run, mse = regression_run
     rows = report.run_rows([run])
-    assert rows[0]["metric"] == "test_mse" and rows[0]["final"] == mse[-1]
+    assert rows[0]["metric"] == "test_mse" and rows[0]["final_test_mse"] == mse[-1]
     table = report.markdown_table(rows)
     assert "| final mse | best mse (round) |" in table and f"{mse[-1]:.4g}" in table
 
