@@ -168,7 +168,8 @@ class Fitting:
         summary = summarize(record.rows, self.cfg.targets, self.totals)
         if self.diverged_at is not None:
             summary["diverged_at_round"] = self.diverged_at
-        summary["client_runner"] = f"{self.runner.name} ({self.runner_reason})"
+        summary["client_runner"] = f"{getattr(self.runner, 'description', self.runner.name)} ({self.runner_reason})"
+        summary["client_runner_fallbacks"] = list(getattr(self.runner, "fallbacks", []))
         summary.update(record.summary_extra())
         state = None
         if self.fabric.global_rank == 0:
