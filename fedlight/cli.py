@@ -229,7 +229,9 @@ def _print_summary(s: dict) -> None:
 
     rows = [("rounds", s["rounds_completed"]), ("final test acc", pct(s["final_test_acc"])),
             ("best test acc", f"{pct(s['best_test_acc'])} (round {s['best_round']})"),
-            ("seconds / round", f"{s['seconds_per_round']:.3f}" if s["seconds_per_round"] else "-"),
+            ("s / round (training)", f"{s['seconds_per_round']:.3f}" if s["seconds_per_round"] else "-"),
+            ("s / round (with eval)", f"{s['seconds_per_round_with_eval']:.3f}"
+             if s.get("seconds_per_round_with_eval") else "-"),
             ("MB down / up", f"{s['bytes_down'] / 1e6:.1f} / {s['bytes_up'] / 1e6:.1f}"),
             ("wall time (s)", f"{s['wall_time_s']:.1f}")]
     rows += [(f"rounds to {100 * float(t):g}%", v if v is not None else "not reached")
