@@ -61,7 +61,9 @@ A recipe is a YAML file of these keys; every key is also a flag (--loop.rounds 3
 Recipes to start from: fedlight ls recipes."""
 
 
-def _parser(prog: str):
+def _parser(prog: str, docs: bool = True):
+    """The ``fit`` parser; ``docs``: read field docstrings for the help text (a second of parsing source code, so
+    only when help is asked for)."""
     import re
 
     from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter, set_parsing_settings
@@ -81,7 +83,7 @@ def _parser(prog: str):
                 return text
             return re.sub(r", known subclasses: [^)]*", f"; list them: fedlight ls {section}", text)
 
-    set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    set_parsing_settings(docstring_parse_attribute_docstrings=docs)
     p = ArgumentParser(prog=prog, exit_on_error=False, description=SCHEMA, allow_abbrev=False,
                        usage=f"{prog} --config RECIPE.yaml [--KEY VALUE ...]", formatter_class=Formatter)
     p.add_argument("--config", action=ActionConfigFile, help="recipe YAML file")
@@ -98,7 +100,7 @@ def _parse(prog: str, argv: list[str]):
 
     argv = flags.resolve_names(argv)
     flags.check_keys(argv)
-    parser = _parser(prog)
+    parser = _parser(prog, docs=any(a in ("-h", "--help") or a.startswith("--print_config") for a in argv))
     try:
         plain = [a for a in argv if not a.startswith("--print_config")]  # printed below, with the paper's values
         cfg = parser.parse_args(plain)
