@@ -213,6 +213,7 @@ class StackedRunner:
         """One line per fallback taken (compile → eager stacked → sequential, out of memory → smaller chunks)."""
         self.sequential: SequentialRunner | None = None
         self._ran: set = set()  # shapes the current forward ran once without error
+        self._compile_failed = False  # the eager forward is a fallback: its own first failure falls back too
 
     @property
     def name(self) -> str:
@@ -256,7 +257,7 @@ class StackedRunner:
             if is_oom(e):
                 self._split(jobs, e)
                 return None
-            if isinstance(e, ConfigError) or not (first and (self.forward.compiled or self.fallbacks)):
+            if isinstance(e, ConfigError) or not (first and (self.forward.compiled or self._compile_failed)):
                 raise
             self._fall_back(e)
             return self._guarded(jobs, info, buffers)
@@ -276,7 +277,7 @@ class StackedRunner:
     def _fall_back(self, e: BaseException) -> None:
         s = self.setup
         if self.forward.compiled:
-            self.forward = StackedForward.shared(s.model, s.fabric, False)
+            self.forward, self._compile_failed = StackedForward.shared(s.model, s.fabric, False), True
             line = (f"torch.compile of the stacked step failed ({cause(e)}); training goes on with the eager stacked "
                     "runner. Force a choice with `--loop.compile false` (eager stacked) or "
                     "`--loop.client_parallelism sequential`")
