@@ -53,6 +53,25 @@ def _init_params(cls: type) -> set[str]:
     return set(inspect.signature(cls.__init__).parameters)
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""``torch.compile`` modes ``loop.compile`` accepts (any other string must be a backend name)."""
+
+
+def _check_compile(value) -> None:
+    """``loop.compile``: null, a bool, a mode, or a registered ``torch.compile`` backend."""
+    if value is None or isinstance(value, bool) or value in COMPILE_MODES:
+        return
+    backends: list[str] = []
+    if isinstance(value, str):
+        from torch._dynamo import list_backends
+
+        if value in list_backends(exclude_tags=()):
+            return
+        backends = [*sorted(list_backends()), "aot_eager", "eager"]
+    check(False, f"`loop.compile` must be true, false, null, a mode ({', '.join(COMPILE_MODES)}) or a "
+          f"torch.compile backend ({', '.join(backends) or 'see torch._dynamo.list_backends()'}), got {value!r}")
+
+
 MAX_LR = 1e30
 """Largest accepted ``loop.lr``: any float a float32 update can hold after scaling, with margin."""
 
@@ -112,15 +131,19 @@ class LoopConfig:
     model. vmap: together, stacked along a client dimension (torch.func.vmap + functional_call; memory grows with
     the chunk); clients go together when their step count, batch sizes and state keys agree; rules that cannot run
     stacked are refused before training."""
-    vmap_chunk: int | None = None
-    """vmap only: at most this many clients trained together (bounds memory); null: all of a group."""
+    vmap_chunk: int | Literal["auto"] | None = None
+    """Stacked runner only: at most this many clients trained together (bounds memory); null: all of a group; auto:
+    as many as fit in the free memory by the model's measured per-client footprint. A chunk that runs out of memory
+    is halved and redone (same numbers)."""
     channels_last: bool = False
     """Keep convolution weights and 4-D input batches in channels-last memory format (faster tensor-core
     convolutions on GPU; no effect on the math)."""
     compile: bool | str | None = None
     """torch.compile the client computation: the model (sequential) or the stacked loss (vmap). true: inductor;
-    a mode ("reduce-overhead" for CUDA graphs, "max-autotune") or a backend name ("aot_eager"); null: automatic
-    (compiled with the stacked runner that auto picks on CUDA, else not). The first rounds pay the compilation."""
+    a mode ("reduce-overhead" for CUDA graphs, on CPU the same as true; "max-autotune") or a backend name
+    ("aot_eager"); false: never; null: automatic (compiled with the stacked runner that auto picks on CUDA, else
+    not). The first round pays the compilation; if compiling the stacked step fails, the run falls back to the eager
+    stacked runner (then sequential) and says why."""
     progress: bool = True
     """Show a progress bar (only when stderr is a terminal)."""
 
@@ -159,8 +182,9 @@ class LoopConfig:
               f"`loop.max_grad_norm` must be positive or null, got {self.max_grad_norm}")
         check(self.state_budget_mb is None or self.state_budget_mb >= 0,
               f"`loop.state_budget_mb` must be >= 0 or null, got {self.state_budget_mb}")
-        check(self.vmap_chunk is None or (isinstance(self.vmap_chunk, int) and self.vmap_chunk > 0),
-              f"`loop.vmap_chunk` must be a positive integer or null, got {self.vmap_chunk!r}")
+        check(self.vmap_chunk in (None, "auto") or (type(self.vmap_chunk) is int and self.vmap_chunk > 0),
+              f"`loop.vmap_chunk` must be a positive integer, auto or null, got {self.vmap_chunk!r}")
+        _check_compile(self.compile)
         check(0 <= self.client_dropout < 1, f"`loop.client_dropout` must be in [0, 1), got {self.client_dropout}")
         check(all(isinstance(t, (int, float)) and math.isfinite(t) for t in self.targets),
               f"`loop.targets` must be numbers (values of the headline test metric), got {self.targets}")

@@ -65,7 +65,9 @@ A recipe is a YAML file of these keys; every key is also a flag (--loop.rounds 3
 Recipes to start from: fedlight ls recipes."""
 
 
-def _parser(prog: str):
+def _parser(prog: str, docs: bool = True):
+    """The ``fit`` parser; ``docs``: read field docstrings for the help text (a second of parsing source code, so
+    only when help is asked for)."""
     import re
 
     from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter, set_parsing_settings
@@ -85,7 +87,7 @@ def _parser(prog: str):
                 return text
             return re.sub(r", known subclasses: [^)]*", f"; list them: fedlight ls {section}", text)
 
-    set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    set_parsing_settings(docstring_parse_attribute_docstrings=docs)
     p = ArgumentParser(prog=prog, exit_on_error=False, description=SCHEMA, allow_abbrev=False,
                        usage=f"{prog} --config RECIPE.yaml [--KEY VALUE ...]", formatter_class=Formatter,
                        epilog=EXIT_STATUSES[0].upper() + EXIT_STATUSES[1:])
@@ -103,7 +105,7 @@ def _parse(prog: str, argv: list[str]):
 
     argv = flags.resolve_names(argv)
     flags.check_keys(argv)
-    parser = _parser(prog)
+    parser = _parser(prog, docs=any(a in ("-h", "--help") or a.startswith("--print_config") for a in argv))
     try:
         plain = [a for a in argv if not a.startswith("--print_config")]  # printed below, with the paper's values
         cfg = parser.parse_args(plain)
@@ -235,7 +237,9 @@ def _print_summary(s: dict) -> None:
     name = key.removeprefix("test_").replace("_", " ")
     rows = [("rounds", s["rounds_completed"]), (f"final test {name}", format_metric(key, s.get(f"final_{key}"))),
             (f"best test {name}", f"{format_metric(key, s.get(f'best_{key}'))} (round {s['best_round']})"),
-            ("seconds / round", f"{s['seconds_per_round']:.3f}" if s["seconds_per_round"] else "-"),
+            ("s / round (training)", f"{s['seconds_per_round']:.3f}" if s["seconds_per_round"] else "-"),
+            ("s / round (with eval)", f"{s['seconds_per_round_with_eval']:.3f}"
+             if s.get("seconds_per_round_with_eval") else "-"),
             ("MB down / up", f"{s['bytes_down'] / 1e6:.1f} / {s['bytes_up'] / 1e6:.1f}"),
             ("wall time (s)", f"{s['wall_time_s']:.1f}")]
     rows += [(f"rounds to {format_metric(key, float(t))}", v if v is not None else "not reached")

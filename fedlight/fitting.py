@@ -167,7 +167,8 @@ class Fitting:
                             (self.task.headline_key, self.task.higher_is_better))
         if self.diverged_at is not None:
             summary["diverged_at_round"] = self.diverged_at
-        summary["client_runner"] = f"{self.runner.name} ({self.runner_reason})"
+        summary["client_runner"] = f"{getattr(self.runner, 'description', self.runner.name)} ({self.runner_reason})"
+        summary["client_runner_fallbacks"] = list(getattr(self.runner, "fallbacks", []))
         summary.update(record.summary_extra())
         state = None
         if self.fabric.global_rank == 0:

@@ -113,9 +113,12 @@ class LocalContext:
     scratch: dict[str, Any] = field(default_factory=dict)
     """Per-client working memory of a rule for this round (not persisted)."""
 
+    def __post_init__(self) -> None:
+        self._plain = self.fabric is None or _plain_precision(self.fabric.strategy.precision)
+
     def loss(self, model: nn.Module, batch: Any) -> Tensor:
         """Forward pass under the Fabric precision context."""
-        if self.fabric is None:
+        if self._plain:
             return self.objective(model, batch)
         precision = self.fabric.strategy.precision
         with precision.forward_context():
@@ -128,7 +131,7 @@ class LocalContext:
         share no parameter, so each one's gradient lands in its own slice."""
         loss = self.loss(model, batch)
         total = loss if loss.dim() == 0 else loss.sum()
-        if self.fabric is None:
+        if self._plain:
             total.backward()
         else:
             self.fabric.backward(total)
@@ -154,7 +157,7 @@ class LocalContext:
         self.lr_sum += self.optimizer.param_groups[0]["lr"]
         with torch.no_grad():
             P.joint_clip_(grads, self.max_grad_norm if clip else None)
-        if self.fabric is None:
+        if self._plain:
             self.optimizer.step()
         else:
             self.fabric.strategy.optimizer_step(self.optimizer)
@@ -164,6 +167,13 @@ class LocalContext:
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+
+
+def _plain_precision(precision: Any) -> bool:
+    """Lightning's base ``Precision`` (``32-true``): its forward context, input conversion, backward and optimizer
+    step are plain PyTorch, so the per-step wrappers (tens of µs, every step) can be skipped."""
+    cls = type(precision)
+    return cls.__name__ == "Precision" and cls.__module__ == "lightning.fabric.plugins.precision.precision"
 
 
 class LocalUpdateRule:

@@ -14,10 +14,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_overhead_tiny_prints_a_ratio_line(capsys):
-    assert bench.main(["--tiny", "--workloads", "mlp,lenet5"]) == 0
+    assert bench.main(["--tiny", "--overhead", "--workloads", "mlp,lenet5"]) == 0
     out = capsys.readouterr().out
     assert "overhead mlp: fedlight" in out and "ratio" in out and "overhead lenet5" in out
     assert "vectorised mlp" in out and "command: python tools/bench.py --tiny" in out
+
+
+def test_fit_wall_tiny_times_both_sides_alike_and_they_compute_the_same_model(tmp_path):
+    """The default section: whole `fedlight fit` vs the hand-written loop, each in a fresh one-thread process."""
+    res = bench.bench_fit.fit_wall(reps=1, rounds=2, tiny=True, workdir=str(tmp_path))
+    assert res["threads"] == {"fit": [1], "minimal": [1]}
+    assert res["max_abs_diff_final_model"] < 1e-5  # same seeds, batches, steps; float reduction order only
+    assert res["final_test_acc"]["fit"] == res["final_test_acc"]["minimal"]
+    fit = res["runs"]["fit"][0]
+    assert fit["wall_s"] > 0 and fit["background_cpu_s"] >= 0 and len(res["ratios"]) == 1
+    lines = bench.bench_fit.report_lines(res)
+    assert "wall ratio fedlight fit / minimal median" in lines[0] and "spread" in lines[0]
 
 
 def test_fedlight_minimal_and_vmap_rounds_compute_the_same_model():

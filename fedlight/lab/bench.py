@@ -2,7 +2,10 @@
 
 Entry point: ``python tools/bench.py [sections] [options]`` (``--help``). Sections:
 
-* ``--overhead`` (default): the same FedAvg workload, in one process and interleaved round by round, through
+* ``--fit-wall`` (default): the round as a user waits for it: ``fedlight fit`` of the FedAvg Fashion-MNIST recipe
+  (shortened rounds) against a minimal hand-written loop of the same work, wall time, one thread each, fresh
+  processes, interleaved repeats; median and spread of the ratio (:mod:`fedlight.lab.bench_fit`).
+* ``--overhead``: the same FedAvg workload, in one process and interleaved round by round, through
   fedlight's real :class:`~fedlight.loop.FederatedLoop` and through :class:`MinimalFedAvg` (below); seconds per
   round of each (median after warm-up), their ratio, and the same loop with ``loop.client_parallelism: vmap``
   (all clients of the round stacked, :mod:`fedlight.runners.stacked`) for the vectorised-client speedup.
@@ -43,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedlight.lab import bench_fit
 from fedlight.lab.bench_gpu import GPU_VARIANTS, gpu, report_lines
 
 
@@ -450,6 +454,8 @@ def _fmt_overhead(o: dict[str, Any]) -> list[str]:
 
 def report(results: dict[str, Any]) -> str:
     out = [f"command: {results['command']}", "environment: " + json.dumps(results["environment"])]
+    if "fit_wall" in results:
+        out += bench_fit.report_lines(results["fit_wall"])
     for o in results.get("overhead", []):
         out += _fmt_overhead(o)
         out.append(f"  ({o['clients']} clients x {o['steps']} steps x batch {o['batch']}; median of {o['reps']} "
@@ -500,7 +506,12 @@ def report(results: dict[str, Any]) -> str:
 def parser(prog: str = "tools/bench.py") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--overhead", action="store_true", help="fedlight vs the minimal loop (default section)")
+    p.add_argument("--fit-wall", action="store_true",
+                   help="whole `fedlight fit` of a recipe vs a minimal loop, wall time, 1 thread each (default)")
+    p.add_argument("--fit-rounds", type=int, default=10, help="--fit-wall: rounds of the shortened recipe")
+    p.add_argument("--fit-reps", type=int, default=6, help="--fit-wall: interleaved pairs of runs")
+    p.add_argument("--recipe", default=bench_fit.RECIPE, help="--fit-wall: the recipe")
+    p.add_argument("--overhead", action="store_true", help="fedlight vs the minimal loop, round by round, one process")
     p.add_argument("--multiprocess", action="store_true", help="fedlight fit --devices 1 vs 2 on CPU")
     p.add_argument("--many-clients", action="store_true", help="SCAFFOLD with 10,000 clients, spilled state")
     p.add_argument("--gpu", action="store_true", help="ResNet-18-CIFAR-100 bf16 per rule and runner (needs CUDA)")
@@ -545,13 +556,18 @@ def main(argv: list[str] | None = None, prog: str = "tools/bench.py") -> int:
         a.clients, a.steps, a.batch, a.reps, a.warmup = 2, 3, 8, 1, 0
         a.mp_rounds, a.mp_steps, a.num_clients, a.budget_mb, a.mc_rounds = 2, 3, 40, 1.0, 1
     run_all = a.all
-    sections = {k: run_all or getattr(a, k) for k in ("overhead", "multiprocess", "many_clients", "gpu", "lora")}
+    sections = {k: run_all or getattr(a, k) for k in ("fit_wall", "overhead", "multiprocess", "many_clients", "gpu",
+                                                      "lora")}
     if not a.lora and importlib.util.find_spec("transformers") is None:
         sections["lora"] = False  # --all without the nlp extra
     if not any(sections.values()):
-        sections["overhead"] = True
+        sections["fit_wall"] = True
     cmd = f"python {prog}" if prog.endswith(".py") else prog
     results: dict[str, Any] = {"command": " ".join([cmd, *argv]), "environment": environment()}
+    if sections["fit_wall"]:
+        results["fit_wall"] = bench_fit.fit_wall(1 if a.tiny else a.fit_reps, 1 if a.tiny else a.fit_rounds,
+                                                 a.recipe, tiny=a.tiny)
+        print("\n".join(bench_fit.report_lines(results["fit_wall"])), flush=True)
     if sections["overhead"]:
         results["overhead"] = []
         for name in a.workloads.split(","):

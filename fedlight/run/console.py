@@ -2,7 +2,8 @@
 
 In a terminal (stderr is a TTY) a tqdm bar shows the phase (``training`` / ``evaluating``) of the round under way.
 Otherwise (nohup, batch jobs, log files) one line per round is printed, or every ``every`` rounds on long runs, and
-whenever :data:`LINE_SECONDS` passed since the last line: round, test accuracy, train loss, s/round and ETA.
+whenever :data:`LINE_SECONDS` passed since the last line: round, test accuracy, train loss, s/round (training, and
+with evaluation: :func:`~fedlight.run.files.seconds_per_round`, as in ``summary.json``) and ETA.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import sys
 import time
 from typing import Any
 
-from fedlight.run.files import format_metric
+from fedlight.run.files import format_metric, seconds_per_round
 
 LINE_SECONDS = 30.0
 """Without a terminal, a line at least this often (in seconds) whatever the cadence."""
+
+RECENT = 20
+"""The console's s/round is the mean over this many latest rounds (``summary.json``: over the whole run)."""
 
 LOSS_ALARM = 5.0
 """Warn when a round's train loss exceeds this many times the first round's (or is not finite)."""
@@ -35,7 +39,7 @@ class Progress:
         self.bar = None
         self.start_round = 0
         self.every = max(1, math.ceil(rounds / 100))
-        self.times: list[float] = []
+        self.rows: list[dict[str, Any]] = []
         self.last_line = 0.0
         self.acc: float | None = None
         self.key = "test_acc"
@@ -62,12 +66,13 @@ class Progress:
         if not self.enabled:
             return
         r = int(row["round"])
-        self.times.append(float(row.get("round_time_s") or 0.0) + float(row.get("eval_time_s") or 0.0))
+        self.rows = [*self.rows[-(RECENT - 1):], row]
         if row.get(self.key) is not None:
             self.acc = row[self.key]
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix({self.key: format_metric(self.key, self.acc), "s_per_round": round(self.times[-1], 3)})
+            self.bar.set_postfix({self.key: format_metric(self.key, self.acc),
+                                  "s_per_round": round(seconds_per_round(self.rows[-1:])[1] or 0, 3)})
             return
         now = time.monotonic()
         due = r == self.start_round + 1 or r == self.rounds or r % self.every == 0 or now - self.last_line >= \
@@ -78,13 +83,13 @@ class Progress:
 
     def line(self, row: dict[str, Any]) -> str:
         r = int(row["round"])
-        recent = self.times[-20:]
-        spr = sum(recent) / len(recent) if recent else 0.0
+        train, spr = seconds_per_round(self.rows)
+        train, spr = train or 0.0, spr or 0.0
         acc = format_metric(self.key, self.acc)
         loss = row.get("train_loss")
         loss = "-" if loss is None else f"{loss:.4g}"
-        return (f"round {r}/{self.rounds}  {self.key} {acc}  train_loss {loss}  {spr:.3f} s/round  "
-                f"ETA {_fmt_time(spr * (self.rounds - r))}")
+        return (f"round {r}/{self.rounds}  {self.key} {acc}  train_loss {loss}  s/round {train:.3f} training, "
+                f"{spr:.3f} with eval  ETA {_fmt_time(spr * (self.rounds - r))}")
 
     def close(self) -> None:
         if self.bar is not None:

@@ -11,6 +11,9 @@ main thread) and goes on with the next round while one background thread writes 
 (if any) is renamed, and after every earlier line. So the file never runs ahead of what a resume can rebuild: a
 kill loses no round whose checkpoint was renamed (the checkpoint carries its round's row, re-appended on resume when
 the kill fell between rename and append), and rounds after the last renamed checkpoint are recomputed, bit for bit.
+
+TensorBoard leaves it too: creating the writer (importing TensorBoard), the config and partition (a matplotlib
+picture), and each round's scalars and per-client histograms are jobs of the same thread, after the round's files.
 """
 
 from __future__ import annotations
@@ -123,13 +126,16 @@ class RunRecord:
         except OSError as e:
             raise ConfigError(f"`out_dir` {self.out} cannot be written: {e.strerror or e}; choose another "
                               "`--out_dir`") from None
-        if tensorboard:
-            from fedlight.run.tensorboard import RunLogger
+        if tensorboard:  # off the critical path: importing TensorBoard and drawing the partition take ~0.5 s
+            self.writer.submit(lambda: self._open_tensorboard(config_text, data))
 
-            self.logger = RunLogger(self.out)
-            self.logger.log_config(config_text or "")
-            if data is not None:
-                self.logger.log_partition(data)
+    def _open_tensorboard(self, config_text: str | None, data: Any) -> None:
+        from fedlight.run.tensorboard import RunLogger
+
+        self.logger = RunLogger(self.out)
+        self.logger.log_config(config_text or "")
+        if data is not None:
+            self.logger.log_partition(data)
 
     def begin(self, start_round: int, last_row: dict[str, Any] | None) -> None:
         """Align ``metrics.jsonl`` with the checkpoint the run starts from; start the progress display."""
@@ -163,8 +169,7 @@ class RunRecord:
             self.writer.submit(lambda: self._write_checkpoint(checkpoint, rounds_done, row), exclusive=True)
         else:
             self.writer.submit(lambda: self._append(row, keep=False))
-        if self.logger is not None:
-            self.logger.log_round(row, step=int(row["round"]))
+        self.writer.submit(lambda: self._log_round(row))  # TensorBoard, in the background after the row's files
         self.watch.check(row)
         self.progress.update(row)
 
@@ -177,6 +182,10 @@ class RunRecord:
         self.saved_round = rounds_done
         records.fault("metrics", rounds_done)
         self._append(row, keep=False)
+
+    def _log_round(self, row: dict[str, Any]) -> None:
+        if self.logger is not None:
+            self.logger.log_round(row, step=int(row["round"]))
 
     def _append(self, row: dict[str, Any], keep: bool = True) -> None:
         if keep:

@@ -34,7 +34,8 @@ TIME_PARTS = ("train_time_s", "aggregate_time_s", "eval_time_s", "checkpoint_tim
 """The per-round time breakdown; ``time/total_s`` is their sum (``round_time_s`` = train + aggregate)."""
 
 SUMMARY_KEYS = ("final_test_acc", "best_test_acc", "final_test_loss", "final_train_loss", "best_round",
-                "rounds_completed", "seconds_per_round", "wall_time_s", "bytes_up", "bytes_down")
+                "rounds_completed", "seconds_per_round", "seconds_per_round_with_eval", "wall_time_s", "bytes_up",
+                "bytes_down")
 """summary.json entries logged as ``summary/<key>`` scalars: the metric columns of the hparams table."""
 
 

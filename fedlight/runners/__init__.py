@@ -14,8 +14,9 @@ import numbers
 from torch import nn
 
 from fedlight.runners.base import ClientJob, ClientOutcome, ClientRunner, TrainSetup
+from fedlight.runners.guard import say
 from fedlight.runners.sequential import SequentialRunner
-from fedlight.runners.stacked import StackedRunner, check_supported
+from fedlight.runners.stacked import COMPILE_MODES, StackedRunner, check_supported
 
 __all__ = ["ClientJob", "ClientOutcome", "ClientRunner", "SequentialRunner", "StackedRunner", "TrainSetup",
            "select_runner"]
@@ -24,7 +25,7 @@ __all__ = ["ClientJob", "ClientOutcome", "ClientRunner", "SequentialRunner", "St
 def select_runner(cfg, setup: TrainSetup, algorithm: str) -> tuple[ClientRunner, str]:
     """The runner ``cfg`` asks for (``auto``: stacked + compiled on CUDA when the rule and model allow it,
     else sequential), and a one-line reason."""
-    mode, compile = cfg.client_parallelism, cfg.compile
+    mode, compile = cfg.client_parallelism, _compile_on(cfg.compile, setup)
     if mode == "vmap":
         check_supported(setup.local, algorithm)
         return StackedRunner(setup, cfg.vmap_chunk, compile or False), "loop.client_parallelism: vmap"
@@ -37,7 +38,8 @@ def select_runner(cfg, setup: TrainSetup, algorithm: str) -> tuple[ClientRunner,
     else:
         reason = "loop.client_parallelism: sequential"
     if compile:
-        setup.model.compile(**({} if compile is True else {"backend": compile}))
+        setup.model.compile(**({} if compile is True else {"mode": compile} if compile in COMPILE_MODES
+                               else {"backend": compile}))
     return SequentialRunner(setup), reason
 
 
@@ -47,6 +49,15 @@ def _drops(m: nn.Module) -> bool:
         return m.p > 0
     p = getattr(m, "drop_prob", None)
     return isinstance(p, numbers.Real) and p > 0
+
+
+def _compile_on(compile, setup: TrainSetup):
+    """``loop.compile`` as it applies to the device: CUDA graphs (``reduce-overhead``) exist only on CUDA."""
+    if compile == "reduce-overhead" and setup.device.type != "cuda":
+        say(setup, f"fedlight: note: `loop.compile: reduce-overhead` adds CUDA graphs, which need a CUDA device; on "
+                   f"{setup.device.type} it compiles as `loop.compile: true` does")
+        return True
+    return compile
 
 
 def _why_not_stacked(setup: TrainSetup) -> str | None:

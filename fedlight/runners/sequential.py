@@ -10,6 +10,7 @@ from fedlight import params as P
 from fedlight.params import Params
 from fedlight.rules import RoundInfo
 from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, context, outcome
+from fedlight.runners.guard import out_of_memory
 from fedlight.sampling import seed_client_torch
 
 
@@ -25,7 +26,11 @@ class SequentialRunner:
 
     def train(self, jobs: list[ClientJob], info: RoundInfo, buffers: Params) -> Iterator[ClientOutcome]:
         for job in jobs:
-            yield self.train_one(job, info, buffers)
+            try:
+                out = self.train_one(job, info, buffers)
+            except torch.OutOfMemoryError:
+                raise out_of_memory("sequential", job.client_id, self.setup.device) from None
+            yield out
 
     def train_one(self, job: ClientJob, info: RoundInfo, buffers: Params) -> ClientOutcome:
         s, model = self.setup, self.setup.model

@@ -19,6 +19,7 @@ different masks per client, so models with dropout are statistically, not bitwis
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -31,13 +32,23 @@ from torch.func import functional_call, vmap
 from torch.nn.utils.stateless import _reparametrize_module
 
 from fedlight import params as P
+from fedlight.args import COMPILE_MODES
 from fedlight.errors import ConfigError
 from fedlight.params import Params
 from fedlight.rules import Broadcast, ClientResult, LocalContext, LocalUpdateRule, RoundInfo
 from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, context, outcome
+from fedlight.runners.guard import (
+    auto_chunk,
+    cause,
+    client_footprint,
+    free_bytes,
+    is_oom,
+    out_of_memory,
+    say,
+    tree_bytes,
+)
+from fedlight.runners.sequential import SequentialRunner
 from fedlight.sampling import seed_client_torch
-
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def check_supported(local: LocalUpdateRule, name: str) -> None:
@@ -176,13 +187,18 @@ def slice_tree(tree: Any, i: int, n: int) -> Any:
     return tree
 
 
+def groups(cids: Sequence[int], signature) -> list[list[int]]:
+    """Clients grouped by ``signature(cid)``, groups and members in first-seen order."""
+    out: dict[Any, list[int]] = {}
+    for c in cids:
+        out.setdefault(signature(c), []).append(c)
+    return list(out.values())
+
+
 def chunks(cids: Sequence[int], signature, size: int | None) -> list[list[int]]:
     """Group clients by ``signature(cid)`` (first-seen order), then cut groups into pieces of ``size``."""
-    groups: dict[Any, list[int]] = {}
-    for c in cids:
-        groups.setdefault(signature(c), []).append(c)
     out = []
-    for g in groups.values():
+    for g in groups(cids, signature):
         step = size or len(g)
         out.extend(g[i : i + step] for i in range(0, len(g), step))
     return out
@@ -194,27 +210,126 @@ class StackedRunner:
 
     Args:
         setup: the run's model, rule, Fabric and optimizer.
-        chunk: at most this many clients per chunk (bounds memory); ``None``: a whole group.
+        chunk: at most this many clients per chunk (bounds memory); ``None``: a whole group; ``"auto"``: from the
+            free memory and the measured per-client footprint (:mod:`fedlight.runners.guard`), on the first round.
         compile: ``torch.compile`` the stacked loss (forward, and through AOTAutograd the backward): ``False``,
             ``True`` (inductor) or a backend name (``"aot_eager"`` in CPU tests). Shapes are static within a
             chunk, so a run compiles once per distinct (chunk size, batch size).
+
+    It cannot break a run: a failure while compiling or first running a compiled shape falls back to the eager
+    stacked loss, and if that fails too to :class:`SequentialRunner` (one line each, kept in :attr:`fallbacks`);
+    a chunk that runs out of memory is halved and redone, exactly as if ``chunk`` had been that size from the start
+    (every chunk starts from its jobs' broadcasts and reseeds from its first client).
     """
 
-    name = "stacked"
-
-    def __init__(self, setup: TrainSetup, chunk: int | None = None, compile: bool | str = False) -> None:
+    def __init__(self, setup: TrainSetup, chunk: int | str | None = None, compile: bool | str = False) -> None:
         self.setup, self.chunk = setup, chunk
         self.forward = StackedForward.shared(setup.model, setup.fabric, compile)
+        self.fallbacks: list[str] = []
+        """One line per fallback taken (compile → eager stacked → sequential, out of memory → smaller chunks)."""
+        self.sequential: SequentialRunner | None = None
+        self._ran: set = set()  # shapes the current forward ran once without error
+        self._compile_failed = False  # the eager forward is a fallback: its own first failure falls back too
+
+    @property
+    def name(self) -> str:
+        return "sequential" if self.sequential is not None else "stacked"
+
+    @property
+    def description(self) -> str:
+        """The runner that trains now: ``stacked, compiled``, ``stacked, eager`` or ``sequential``."""
+        if self.sequential is not None:
+            return "sequential"
+        return f"stacked, {'compiled' if self.forward.compiled else 'eager'}"
 
     def train(self, jobs: list[ClientJob], info: RoundInfo, buffers: Params) -> Iterator[ClientOutcome]:
+        if self.chunk == "auto":
+            self.chunk = self._auto_chunk(jobs)
         done: dict[int, ClientOutcome] = {}
         signature = {j.client_id: (j.batch_sizes, _keys(j.state)) for j in jobs}  # equal sizes fix K too
         by_id = {j.client_id: j for j in jobs}
-        for part in chunks([j.client_id for j in jobs], signature.__getitem__, self.chunk):
-            for out in self.train_chunk([by_id[c] for c in part], info, buffers):
-                done[out.client_id] = out
+        for group in groups([j.client_id for j in jobs], signature.__getitem__):
+            pos = 0
+            while pos < len(group):
+                part = [by_id[c] for c in group[pos : pos + (self.chunk or len(group))]]
+                outs = self._guarded(part, info, buffers)
+                if outs is None:  # out of memory: self.chunk is smaller now, redo from the same client
+                    continue
+                done.update((o.client_id, o) for o in outs)
+                pos += len(part)
         for job in jobs:  # job order, so float64 sums match the sequential runner's
             yield done.pop(job.client_id)
+
+    def _guarded(self, jobs: list[ClientJob], info: RoundInfo, buffers: Params) -> list[ClientOutcome] | None:
+        """``train_chunk``, with the fallbacks of the class docstring; ``None`` when the chunk must be redone."""
+        if self.sequential is not None:  # its outcomes hold the live buffers: copies, as the chunk is kept whole
+            return [replace(o, buffers=P.clone(o.buffers)) for o in self.sequential.train(jobs, info, buffers)]
+        shape = (len(jobs), jobs[0].batch_sizes, _keys(jobs[0].state))
+        first = shape not in self._ran
+        try:
+            outs = self._first_compiled(jobs, info, buffers) if first and self.forward.compiled else \
+                self.train_chunk(jobs, info, buffers)
+        except Exception as e:  # noqa: BLE001 - any failure of a first compiled run falls back (see the docstring)
+            if is_oom(e):
+                self._split(jobs, e)
+                return None
+            if isinstance(e, ConfigError) or not (first and (self.forward.compiled or self._compile_failed)):
+                raise
+            self._fall_back(e)
+            return self._guarded(jobs, info, buffers)
+        self._ran.add(shape)
+        return outs
+
+    def _first_compiled(self, jobs, info, buffers) -> list[ClientOutcome]:
+        if not self._ran:
+            say(self.setup, "fedlight: compiling the stacked step (first round only; tens of seconds for a "
+                            "ResNet)...")
+        t = time.perf_counter()
+        outs = self.train_chunk(jobs, info, buffers)
+        say(self.setup, f"fedlight: compiled the stacked step for {len(jobs)} clients in "
+                        f"{time.perf_counter() - t:.1f} s (its first run included)")
+        return outs
+
+    def _fall_back(self, e: BaseException) -> None:
+        s = self.setup
+        if self.forward.compiled:
+            self.forward, self._compile_failed = StackedForward.shared(s.model, s.fabric, False), True
+            line = (f"torch.compile of the stacked step failed ({cause(e)}); training goes on with the eager stacked "
+                    "runner. Force a choice with `--loop.compile false` (eager stacked) or "
+                    "`--loop.client_parallelism sequential`")
+        else:
+            self.sequential = SequentialRunner(s)
+            line = (f"the eager stacked runner failed too ({cause(e)}); training goes on with the sequential runner. "
+                    "Force it with `--loop.client_parallelism sequential`")
+        self._ran.clear()
+        self.fallbacks.append(line)
+        say(s, f"fedlight: {line}")
+
+    def _split(self, jobs: list[ClientJob], e: BaseException) -> None:
+        s = self.setup
+        if len(jobs) == 1:
+            raise out_of_memory("stacked", jobs[0].client_id, s.device) from None
+        if s.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.chunk = -(-len(jobs) // 2)
+        if not any(f.startswith("out of memory") for f in self.fallbacks):
+            say(s, f"fedlight: out of memory with {len(jobs)} stacked clients; redoing them in chunks of "
+                   f"{self.chunk} (same numbers; set `--loop.vmap_chunk {self.chunk}` to start there)")
+        self.fallbacks.append(f"out of memory with {len(jobs)} stacked clients: chunks of {self.chunk} from then on")
+
+    def _auto_chunk(self, jobs: list[ClientJob]) -> int:
+        """``loop.vmap_chunk: auto``: clients per chunk from the free memory and one client's measured footprint."""
+        s, job = self.setup, jobs[0]
+        batch = next(iter(job.batches()))
+        objective = LocalContext.__dataclass_fields__["objective"].default
+        if s.fabric is not None and s.fabric.strategy.precision is not None:
+            batch = s.fabric.strategy.precision.convert_input(batch)
+        per_client = client_footprint(s.model, batch, objective, tree_bytes(job.state))
+        free = free_bytes(s.device)
+        chunk = auto_chunk(free, per_client, len(jobs))
+        say(s, f"fedlight: loop.vmap_chunk auto: {chunk} clients per chunk ({free / 2**20:.0f} MiB free, "
+               f"~{per_client / 2**20:.1f} MiB per client)")
+        return chunk
 
     def train_chunk(self, jobs: list[ClientJob], info: RoundInfo, buffers: Params) -> list[ClientOutcome]:
         """Train ``jobs`` together from their broadcasts."""

@@ -259,3 +259,19 @@ def test_an_unregistered_algorithm_subclass_records_its_arguments():
 
     spec = describe(Mine(server_lr=0.5))
     assert spec["init_args"] == {"server_lr": 0.5}
+
+
+# ---------------------------------------------------------------------------------------- one s/round (issue 19)
+def test_console_and_summary_share_one_seconds_per_round(tmp_path):
+    """Both labelled parts, training and with evaluation, are the same numbers on the console and in summary.json
+    (a run of ≤ 20 rounds: the console's recent window is the whole run)."""
+    out = tmp_path / "run"
+    res = _cli("--out_dir", out, "--loop.rounds", 3, "--loop.progress", "true")
+    last = [x for x in res.stderr.splitlines() if x.startswith("round 3/3")][0]
+    s = json.loads((out / "summary.json").read_text())
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    train = sum(r["round_time_s"] for r in rows) / 3
+    wait = train + sum(r.get("eval_time_s", 0) + r.get("checkpoint_time_s", 0) for r in rows) / 3
+    assert s["seconds_per_round"] == pytest.approx(train, rel=1e-12)
+    assert s["seconds_per_round_with_eval"] == pytest.approx(wait, rel=1e-12) and wait > train
+    assert f"s/round {s['seconds_per_round']:.3f} training, {s['seconds_per_round_with_eval']:.3f} with eval" in last
