@@ -126,3 +126,34 @@ def test_shakespeare_user_split_evaluates_on_the_test_roles(tmp_path):
     data = Shakespeare(root=str(tmp_path))
     data.setup("cpu", 0)
     assert data.num_clients == 2 and data.num_train == 5 + 6 and data.num_test == 7  # role 2 only in test
+
+
+def test_online_glue_reads_the_hub_copy_like_the_local_files(tmp_path, monkeypatch):
+    """No local folder and the Hub reachable: ``datasets.load_dataset("nyu-mll/glue", task, split)`` is read into
+    the same texts and labels as GLUE's TSV files (``datasets`` is stood in for: no network here)."""
+    import sys
+    import types
+
+    from nlp_fixtures import write_glue
+
+    from fedlight.data.glue import read_split
+
+    write_glue(tmp_path / "local")
+    calls = []
+
+    class HubSplit(dict):
+        _fingerprint = "f00d"
+
+    def load_dataset(path, name, split):
+        calls.append((path, name, split))
+        texts, labels, _ = read_split(name, split == "train", tmp_path / "local")
+        return HubSplit(sentence=[t[0] for t in texts], label=list(labels))
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    for train in (True, False):
+        texts, labels, key = read_split("sst2", train, tmp_path / "nowhere")
+        want_texts, want_labels, _ = read_split("sst2", train, tmp_path / "local")
+        assert texts == want_texts and labels.tolist() == want_labels.tolist() and key == "hub:f00d"
+    assert calls[-2:] == [("nyu-mll/glue", "sst2", "train"), ("nyu-mll/glue", "sst2", "validation")]
