@@ -30,9 +30,10 @@ Blocks (Appendix D), how ``v̄`` is shared:
   bias_correction  m̂ = m/(1 − β1^t) with the global t (the released vision code and the July-2025 original)
   step_scale       the Adam step and the decoupled decay scaled by (1 − α), i.e. lr η(1 − α) for both, the
                    amendment α·Δ_G unscaled (the July-2025 ``new_adamw.py``)
-The released code sends the full element-wise v: ``blocks: none``. Its amendment ``γη·m̃/K`` is exactly
-``α·Δ_G`` at α = γ = 0.5, so ``bias_correction: released, blocks: none`` is the current released vision code and
-adding ``step_scale: released`` gives the July-2025 original.
+The current released vision code sends the full element-wise v (``blocks: none``); the July-2025 original shares
+one v̄ per tensor (``blocks: tensor``, the default). Their amendment ``γη·m̃/K`` is exactly ``α·Δ_G`` at
+α = γ = 0.5, so ``bias_correction: released, blocks: none`` is the current released vision code and
+``bias_correction: released, step_scale: released`` the July-2025 original.
 
 ``variant=3`` is Algorithm 3: β1 = 0, λ = 0, ``y ← y − η·(α·g ⊙ ϑ + (1 − α)·Δ_G)``, server ``x ← x − γ·Δ_G`` with
 the new Δ_G and γ = η_g·K·η_r (η_g = 1: x_{r+1} = mean y_{i,K}). Ablations (Table 4), the decay sign the paper

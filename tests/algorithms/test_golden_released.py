@@ -178,8 +178,9 @@ def adamw_ref(clients, theta, rounds, alpha, lam, global_m, scale, clip, b1=0.9,
 
 @pytest.mark.parametrize("step_scale", ["paper", "released"])
 def test_fedadamw_released(step_scale):
-    """bias_correction: released + blocks: none is the current released vision code; + step_scale: released is the
-    July-2025 original (both at α = their γ = 0.5, λ = their alpha = 0.01)."""
+    """bias_correction: released + blocks: none is the current released vision code; step_scale: released is the
+    July-2025 original's step (that version shares v̄ per tensor; the step math is checked here with element-wise v),
+    both at α = their γ = 0.5 and λ = their alpha = 0.01."""
     alpha, lam, R = 0.5, 0.01, 3
     clip = Clip(0.3)
     got, clients, theta, loop = run("fedadamw", R, lr=LR, max_grad_norm=0.3, alpha=alpha, lam=lam, blocks="none",
