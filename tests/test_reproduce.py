@@ -76,6 +76,35 @@ def test_stats_and_paper_numbers():
     assert report.number("83.75 (best of 3)") == 83.75 and report.number("not reached") is None
 
 
+def test_gap_to_the_baseline_row_is_paired_by_seed_with_the_papers_sign():
+    """`baseline: fedavg`: each cell's gap to FedAvg in its column, over the seeds both finished, next to the
+    paper's gap and whether the signs agree (table.md section and four table.csv columns)."""
+    spec = {"metric": "final_test_acc", "also": ["last_test_acc:10", "seconds_per_round"], "baseline": "fedavg",
+            "paper": {"fedavg": {"a": 82.26}, "fedwmsam": {"a": "84.64"}, "fedcm": {"a": 73.33}}}
+
+    def cell(row, final, last10, sec=(1.0, 1.0, 1.0)):
+        c = reproduce.Cell(row, "a", "final_test_acc", {}, f"{row}/a")
+        c.values = {"final_test_acc": list(final), "last_test_acc:10": list(last10), "seconds_per_round": list(sec)}
+        return c
+
+    cs = [cell("fedavg", [85.0, 85.5, 86.0], [85.4, 85.5, 85.5]),
+          cell("fedwmsam", [84.0, 84.5, "missing"], [84.6, 84.4, "missing"], (2.0, 2.0, "missing")),
+          cell("fedcm", [79.0, "missing", "missing"], [78.8, "missing", "missing"])]
+    gaps = report.baseline_gaps(spec, cs)
+    g = gaps[("fedwmsam/a", "final_test_acc")]
+    assert g["pairs"] == 2 and g["gap"] == pytest.approx(-1.0) and g["paper_gap"] == pytest.approx(2.38)
+    assert g["same_sign"] is False
+    assert gaps[("fedwmsam/a", "last_test_acc:10")]["gap"] == pytest.approx(-0.95)
+    assert gaps[("fedwmsam/a", "last_test_acc:10")]["same_sign"] is False
+    assert gaps[("fedwmsam/a", "seconds_per_round")]["same_sign"] is None  # not comparable with an accuracy
+    assert gaps[("fedcm/a", "final_test_acc")] | {"digits": 2} == {
+        "gap": pytest.approx(-6.0), "pairs": 1, "paper_gap": pytest.approx(-8.93), "same_sign": True, "digits": 2}
+    assert gaps[("fedavg/a", "final_test_acc")]["gap"] == 0 and gaps[("fedavg/a", "final_test_acc")]["same_sign"]
+    text = "\n".join(report.gap_lines(spec, cs, gaps))
+    assert "## Gap to fedavg" in text and "| fedwmsam/a | +2.38 | -1.00 ≠ (2) | -0.95 ≠ (2) | +1.000 (2) |" in text
+    assert report.baseline_gaps({**spec, "baseline": None}, cs) == {}
+
+
 def test_overrides_become_fit_flags_and_shrink_skips_what_the_data_lacks():
     assert reproduce.flags({"loop.rounds": 2, "algorithm": {"class_path": "X", "init_args": {"rho": 0.1}},
                             "loop.local_epochs": None, "loop.progress": False, "model": "fedlight.models.MLP"}) == [
@@ -126,7 +155,8 @@ def write_spec(path: Path, mu: float = 0.01) -> Path:
 def test_spec_errors_are_one_line(tmp_path):
     spec = yaml.safe_load(write_spec(tmp_path / "s.yaml").read_text())
     for change, msg in [({"rows": {}}, "rows"), ({"metric": "accuracy"}, "unknown metric"),
-                        ({"paper": {"fedavg": {"cifar": 1.0}}}, "not in the grid"), ({"colums": {}}, "unknown keys")]:
+                        ({"paper": {"fedavg": {"cifar": 1.0}}}, "not in the grid"), ({"colums": {}}, "unknown keys"),
+                        ({"baseline": "fedsgd"}, "`baseline` must name a row")]:
         (tmp_path / "bad.yaml").write_text(yaml.safe_dump(spec | change))
         with pytest.raises(ConfigError, match=msg):
             reproduce.load_spec(tmp_path / "bad.yaml")

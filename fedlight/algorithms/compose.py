@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlight import params as P
+from fedlight.errors import check
 from fedlight.params import Params
 from fedlight.rules import Broadcast, ClientResult, LocalContext, LocalUpdateRule, RoundInfo, ServerRule
 
@@ -83,13 +84,16 @@ class ComposedClient(LocalUpdateRule):
         perturbation: how ``e`` is chosen (``None``: ``e = 0``, plain SGD).
         corrections: drift terms added to ``d``.
         grad_scale: multiplies ``∇ℓ(y + e)`` before the corrections (FedCM's α).
+        clip_gradient_first: clip ``∇ℓ(y + e)`` alone, before the scale and the corrections, and not ``d``
+            (the released FedCM/FedMoSWA code); False clips the whole direction ``d`` (ALGORITHMS.md §0).
     """
 
     def __init__(self, perturbation: Perturbation | None = None, corrections: Sequence[Correction] = (),
-                 grad_scale: float = 1.0) -> None:
+                 grad_scale: float = 1.0, clip_gradient_first: bool = False) -> None:
         self.perturbation = perturbation
         self.corrections = list(corrections)
         self.grad_scale = grad_scale
+        self.clip_gradient_first = clip_gradient_first
         self.needs_true_grad_norm = perturbation is not None and perturbation.needs_true_grad_norm
 
     def start(self, model: nn.Module, ctx: LocalContext) -> None:
@@ -112,11 +116,13 @@ class ComposedClient(LocalUpdateRule):
             P.add_(ctx.params, e, alpha=-1.0)  # restore y
         d = list(ctx.grads().values())
         with torch.no_grad():
+            if self.clip_gradient_first:
+                P.joint_clip_(d, ctx.max_grad_norm)  # clip(∇ℓ(y + e)) alone
             if self.grad_scale != 1.0:
                 torch._foreach_mul_(d, self.grad_scale)
             for c in self.corrections:
                 c.add(ctx, d)
-        ctx.apply(grads=d)
+        ctx.apply(clip=not self.clip_gradient_first, grads=d)
         return loss if loss is not None else loss_e
 
     def finish(self, model: nn.Module, ctx: LocalContext) -> ClientResult:
@@ -166,6 +172,17 @@ class ServerWrapper(ServerRule):
         self.inner.load_state_dict(state["inner"])
         for k in self.state_keys:
             setattr(self, k, state[k])
+
+
+RELEASED_CHOICES = ("paper", "released")
+"""The values of every "as released" setting of a rule (``clip_order``, ``first_round``, ``perturbation`` ...):
+``paper`` is fedlight's reading of the paper (the default), ``released`` the authors' released code's behaviour."""
+
+
+def released(setting: str, value: str) -> bool:
+    """Whether an "as released" setting selects the released code (ConfigError unless ``paper``/``released``)."""
+    check(value in RELEASED_CHOICES, f"`algorithm.{setting}` must be 'paper' or 'released', got {value!r}")
+    return value == "released"
 
 
 def state_params(ctx: LocalContext, key: str) -> Params:

@@ -32,6 +32,15 @@ Blocks (Appendix D), how ``v̄`` is shared:
     straddle tensors or q/k/v, and C below the number of tensors gives one block per tensor.
   * ``none``: element-wise ``v`` (Table 7's Agg-v; 3 models down, 2 up).
 
+"As released" settings (``paper`` by default, ``released`` for the authors' code):
+  bias_correction  m̂ = m/(1 − β1^t) with the global t (the released vision code and the July-2025 original)
+  step_scale       the Adam step and the decoupled decay scaled by (1 − α), i.e. lr η(1 − α) for both, the
+                   amendment α·Δ_G unscaled (the July-2025 ``new_adamw.py``)
+The current released vision code sends the full element-wise v (``blocks: none``); the July-2025 original shares
+one v̄ per tensor (``blocks: tensor``, the default). Their amendment ``γη·m̃/K`` is exactly ``α·Δ_G`` at
+α = γ = 0.5, so ``bias_correction: released, blocks: none`` is the current released vision code and
+``bias_correction: released, step_scale: released`` the July-2025 original.
+
 ``variant=3`` is Algorithm 3: β1 = 0, λ = 0, ``y ← y − η·(α·g ⊙ ϑ + (1 − α)·Δ_G)``, server ``x ← x − γ·Δ_G`` with
 the new Δ_G and γ = η_g·K·η_r (η_g = 1: x_{r+1} = mean y_{i,K}). Ablations (Table 4), the decay sign the paper
 prints, the released code and the set-up differences: ``docs/algorithms.md`` (FedAdamW).
@@ -48,7 +57,7 @@ from torch import Tensor, nn
 
 from fedlight import params as P
 from fedlight.advice import Scale
-from fedlight.algorithms.compose import InRoundLR, in_round_cosine, values
+from fedlight.algorithms.compose import InRoundLR, in_round_cosine, released, values
 from fedlight.algorithms.fedlada import AmendedAdam
 from fedlight.errors import ConfigError, check
 from fedlight.params import Params
@@ -207,16 +216,18 @@ class FedAdamWClient(LocalUpdateRule):
     """AdamW with m_0 = 0, v_0 = v̄ (expanded), local-k / global-t bias corrections and ``b = α·Δ_G``."""
 
     def __init__(self, blocks: _Blocks, alpha: float, lam: float, beta1: float, beta2: float, eps: float,
-                 decoupled: bool, aggregate_v: bool, variant: int) -> None:
+                 decoupled: bool, aggregate_v: bool, variant: int, global_bias1: bool = False,
+                 step_scale: float = 1.0) -> None:
         self.blocks, self.alpha, self.lam = blocks, alpha, lam
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
         self.decoupled, self.aggregate_v, self.variant = decoupled, aggregate_v, variant
+        self.global_bias1, self.step_scale = global_bias1, step_scale
         self._checked = False
 
     def make_optimizer(self, params, lr, default):
-        scale = self.alpha if self.variant == 3 else 1.0  # Alg. 3: α·g ⊙ ϑ
-        return AmendedAdam(params, lr, self.beta1, self.beta2, self.eps, weight_decay=self.lam,
-                           decoupled=self.decoupled, adam_scale=scale, bias1="local",
+        scale = self.alpha if self.variant == 3 else self.step_scale  # Alg. 3: α·g ⊙ ϑ; July 2025: (1 − α)
+        return AmendedAdam(params, lr, self.beta1, self.beta2, self.eps, weight_decay=self.lam * self.step_scale,
+                           decoupled=self.decoupled, adam_scale=scale, bias1="global" if self.global_bias1 else "local",
                            bias2="global" if self.aggregate_v else "local")
 
     def start(self, model, ctx):
@@ -314,6 +325,10 @@ class FedAdamW(Algorithm):
         variant: 2 (Algorithm 2) or 3 (Algorithm 3).
         local_schedule: the lr over a round's K local steps: "constant" (η_r throughout) or "cosine"
             (η_k = ½η_r(1 + cos(πk/K)), the paper's Swin/RoBERTa set-ups, Appendix C), on top of the round schedule.
+        bias_correction: "paper" (m̂ with the local k, line 11) or "released" (with the global t, as the
+            released code).
+        step_scale: "paper" (Adam step and decay at η) or "released" (both at η(1 − α), the July-2025 original;
+            variant 2 only).
     """
 
     scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.advice
@@ -323,7 +338,9 @@ class FedAdamW(Algorithm):
                  blocks: Literal["tensor", "hessian", "none"] = "tensor", head_dim: int = 64,
                  min_block_size: int = 512, max_blocks: int | None = None, aggregate_v: bool = True,
                  decoupled: bool = True, variant: Literal[2, 3] = 2,
-                 local_schedule: Literal["constant", "cosine"] = "constant") -> None:
+                 local_schedule: Literal["constant", "cosine"] = "constant",
+                 bias_correction: Literal["paper", "released"] = "paper",
+                 step_scale: Literal["paper", "released"] = "paper") -> None:
         check(variant in (2, 3), f"`algorithm.variant` must be 2 or 3, got {variant!r}")
         lam = (0.01 if variant == 2 else 0.0) if lam is None else lam
         beta1 = (0.9 if variant == 2 else 0.0) if beta1 is None else beta1
@@ -344,8 +361,15 @@ class FedAdamW(Algorithm):
               f"`algorithm.max_blocks` must be null or an integer >= 1, got {max_blocks!r}")
         check(local_schedule in ("constant", "cosine"),
               f"`algorithm.local_schedule` must be 'constant' or 'cosine', got {local_schedule!r}")
+        global_bias1 = released("bias_correction", bias_correction)
+        scaled = released("step_scale", step_scale)
+        check(variant == 2 or not scaled, "`algorithm.step_scale: released` is the July-2025 form of Algorithm 2; "
+              "use `variant: 2` with it (or `step_scale: paper`)")
+        check(not scaled or alpha <= 1, f"`algorithm.alpha` must be in [0, 1] with `step_scale: released` (the "
+              f"Adam step is scaled by 1 − α), got {alpha}")
         part = _Blocks(blocks, head_dim, min_block_size, max_blocks)
-        client: LocalUpdateRule = FedAdamWClient(part, alpha, lam, beta1, beta2, eps, decoupled, aggregate_v, variant)
+        client: LocalUpdateRule = FedAdamWClient(part, alpha, lam, beta1, beta2, eps, decoupled, aggregate_v, variant,
+                                                 global_bias1, (1.0 - alpha) if scaled else 1.0)
         if local_schedule == "cosine":
             client = InRoundLR(client, in_round_cosine)  # η_k inside the round; Δ_G still divides by K·η_r (line 18)
         super().__init__(client, FedAdamWServer(part, server_lr, aggregate_v, variant))

@@ -4,7 +4,8 @@ State: the server keeps the last global pseudo-gradient ``G`` (zeros in round 0)
   client step        d = α·g + (1 − α)·G                    (Alg. 1: v = α∇f_i(y) + (1 − α)Δ_r)
   server             x ← x + η_g·Δ̄;   G ← −Δ̄/(K·η_r)       (Alg. 1: Δ_{r+1} = −Δ̄/(Kη))
 ``α`` is the weight on the fresh gradient (0.1 in the papers that compare against FedCM); the mix is part of
-``d`` and therefore inside the clip. In round 0, ``G = 0``, so the first round moves at ``α·η`` (as the released
+``d`` and therefore inside the clip (the paper writes no clip; ALGORITHMS.md §0 clips the direction taken).
+``clip_order="released"`` clips the gradient alone first, as the released code does: ``d = α·clip(g) + (1 − α)·G``. In round 0, ``G = 0``, so the first round moves at ``α·η`` (as the released
 FL-Simulator code does). ``α = 1`` is FedAvg exactly.
 
 The two pieces are reusable: :class:`MomentumCorrection` (``d += s·G`` for a global direction the client
@@ -14,10 +15,12 @@ MoFedSAM and FedWMSAM.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from fedlight import params as P
-from fedlight.algorithms.compose import ComposedClient, Correction, ServerWrapper, values
+from fedlight.algorithms.compose import ComposedClient, Correction, ServerWrapper, released, values
 from fedlight.errors import check
 from fedlight.params import Params
 from fedlight.registry import register
@@ -111,10 +114,15 @@ class FedCM(Algorithm):
     Args:
         alpha: α, the weight of the fresh local gradient (0 < α ≤ 1; 1 is FedAvg).
         server_lr: η_g.
+        clip_order: "paper": clip the whole direction ``d`` (``loop.max_grad_norm``); "released": clip the
+            gradient alone before mixing, ``d = α·clip(g) + (1 − α)·G`` (the released code). Same while the clip
+            is inactive.
     """
 
-    def __init__(self, alpha: float = 0.1, server_lr: float = 1.0) -> None:
+    def __init__(self, alpha: float = 0.1, server_lr: float = 1.0,
+                 clip_order: Literal["paper", "released"] = "paper") -> None:
         check_alpha(alpha)
         check(server_lr > 0, f"`algorithm.server_lr` must be > 0, got {server_lr}")
-        super().__init__(ComposedClient(corrections=[MomentumCorrection(1.0 - alpha)], grad_scale=alpha),
-                         PseudoGradientServer(ServerRule(server_lr)))
+        client = ComposedClient(corrections=[MomentumCorrection(1.0 - alpha)], grad_scale=alpha,
+                                clip_gradient_first=released("clip_order", clip_order))
+        super().__init__(client, PseudoGradientServer(ServerRule(server_lr)))

@@ -17,18 +17,26 @@ the absence of bias correction are exact (the released code emulates the latter 
 
 λ is the loop's ``weight_decay`` (``ctx.weight_decay``), coupled L2 after clipping. Released-code differences:
 ``docs/algorithms.md`` (Baselines).
+
+Round 0 (``first_round``). The paper's rule has one form for every round, with the server state starting at
+zero (ALGORITHMS.md): round 0 therefore runs with v_0 = v̄ = 0 and no bias correction, and its k-th step is
+(1 − β1^k)/√(1 − β2^k) times a bias-corrected Adam step for gradients of constant sign (4.45× at K = 4, ~5.6×
+at K = 50). That is the default, ``first_round="paper"``. The released code's first round is an ordinary Adam:
+its state injection (``step = 1e6``, v = v̄) is skipped while no gradient exists yet, which is an accident of the
+implementation, not a written rule; ``first_round="released"`` reproduces it: round 0 bias-corrects m and v with
+the local k (m_0 = v_0 = 0; m̃ = 0 anyway), every later round is the paper's.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from fedlight import params as P
 from fedlight.advice import Scale
-from fedlight.algorithms.compose import values
+from fedlight.algorithms.compose import released, values
 from fedlight.errors import check
 from fedlight.params import Params
 from fedlight.registry import register
@@ -121,10 +129,13 @@ class AmendedAdam(torch.optim.Optimizer):
 
 
 class LadaClient(LocalUpdateRule):
-    """Adam (lr (1 − γ)η, m_0 = 0, v_0 = v̄, no bias correction) plus the amendment ``y ← y + γ·η·m̃/K``."""
+    """Adam (lr (1 − γ)η, m_0 = 0, v_0 = v̄, no bias correction) plus the amendment ``y ← y + γ·η·m̃/K``.
 
-    def __init__(self, gamma: float, beta1: float, beta2: float, eps: float) -> None:
+    ``fresh_first_round``: round 0 bias-corrects m and v with the local k (the released code's first round)."""
+
+    def __init__(self, gamma: float, beta1: float, beta2: float, eps: float, fresh_first_round: bool = False) -> None:
         self.gamma, self.beta1, self.beta2, self.eps = gamma, beta1, beta2, eps
+        self.fresh_first_round = fresh_first_round
 
     def make_optimizer(self, params, lr, default):
         return AmendedAdam(params, lr, self.beta1, self.beta2, self.eps, weight_decay=0.0, decoupled=False,
@@ -136,6 +147,8 @@ class LadaClient(LocalUpdateRule):
         bc = ctx.broadcast
         b = torch._foreach_mul(values(bc.extras["m_tilde"], ctx.params), -self.gamma / ctx.num_steps)  # −γ·m̃/K
         ctx.optimizer.begin_round(v0=values(bc.extras["v_bar"], ctx.params), extra=b)  # m_0 = 0, v_0 = v̄
+        fresh = self.fresh_first_round and ctx.round == 0  # released: a plain bias-corrected Adam (v̄ = m̃ = 0)
+        ctx.optimizer.bias1 = ctx.optimizer.bias2 = "local" if fresh else "off"
 
     def finish(self, model, ctx):
         result = super().finish(model, ctx)
@@ -177,13 +190,16 @@ class FedLADA(Algorithm):
         beta1: β1 of the local Adam, in [0, 1).
         beta2: β2 of the local Adam, in [0, 1).
         eps: ε of the local Adam (> 0).
+        first_round: "paper" (round 0 like every round: v̄ = 0, no bias correction) or "released" (round 0 is a
+            bias-corrected Adam, as the released code's first round).
     """
 
     scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.advice
 
-    def __init__(self, gamma: float = 0.9, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8) -> None:
+    def __init__(self, gamma: float = 0.9, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+                 first_round: Literal["paper", "released"] = "paper") -> None:
         check(0 <= gamma < 1, f"`algorithm.gamma` must be in [0, 1), got {gamma}")
         check(0 <= beta1 < 1, f"`algorithm.beta1` must be in [0, 1), got {beta1}")
         check(0 <= beta2 < 1, f"`algorithm.beta2` must be in [0, 1), got {beta2}")
         check(eps > 0, f"`algorithm.eps` must be > 0, got {eps}")
-        super().__init__(LadaClient(gamma, beta1, beta2, eps), LadaServer(1.0))
+        super().__init__(LadaClient(gamma, beta1, beta2, eps, released("first_round", first_round)), LadaServer(1.0))

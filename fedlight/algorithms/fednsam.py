@@ -19,6 +19,9 @@ Variants (Table 5; the composition is fedlight's, the paper gives none):
               server h ← h − α(|S|/N)Δ̄; m ← λm + Δ̄; x ← x + m − h/α  (plain means over S)    (comm 2/1)
 ``lam=0, rho=0`` gives FedAvg, SCAFFOLD and FedDyn exactly. Ablations (Table 6: ``extrapolate``, ``rho=0``,
 ``perturbation="local_sam"``), the released code and reproduction notes: ``docs/algorithms.md`` (FedNSAM).
+``perturbation="released"`` (the same client as ``local_sam``) is the released client: y_0 = x_r + λm once, then
+local-gradient SAM (ρ_s = 0.05, two backprops) at every step, m = 0 included. The released servers' two bugs
+(momentum forgotten every round; the July-2025 look-ahead never applied) are documented there, not offered.
 """
 
 from __future__ import annotations
@@ -104,15 +107,18 @@ class FedNSAM(Algorithm):
         extrapolate: evaluate gradients at the look-ahead ``y + λm`` (``False``: Table 6's "FedNSAM − Nesterov").
         perturbation: ``momentum`` (the paper, one backprop) or ``local_sam`` (the released code: start once
             from ``x_r + λm``, then local-gradient SAM with ``sam_rho``, two backprops, 1 model down; ``rho``
-            unused). ``local_sam`` is also Table 6's "FedSAM + Nesterov".
-        sam_rho: SAM radius of ``perturbation=local_sam`` (≥ 0; the released code hard-codes 0.05).
+            unused). ``local_sam`` is also Table 6's "FedSAM + Nesterov". ``released`` is the same client under
+            the spelling every rule uses for its released form (with the default ``sam_rho`` 0.05 and
+            ``extrapolate``, the released ``update_NSAM`` exactly, even while m = 0).
+        sam_rho: SAM radius of ``perturbation=local_sam``/``released`` (≥ 0; the released code hard-codes 0.05).
     """
 
     def __init__(self, lam: float = 0.85, rho: float = 0.1, extrapolate: bool = True,
-                 perturbation: Literal["momentum", "local_sam"] = "momentum", sam_rho: float = 0.05) -> None:
+                 perturbation: Literal["momentum", "local_sam", "released"] = "momentum",
+                 sam_rho: float = 0.05) -> None:
         _check_common(lam, rho)
-        check(perturbation in ("momentum", "local_sam"),
-              f"`algorithm.perturbation` must be 'momentum' or 'local_sam', got {perturbation!r}")
+        check(perturbation in ("momentum", "local_sam", "released"),
+              f"`algorithm.perturbation` must be 'momentum', 'local_sam' or 'released', got {perturbation!r}")
         check(sam_rho >= 0, f"`algorithm.sam_rho` must be >= 0, got {sam_rho}")
         if perturbation == "momentum":
             super().__init__(_nsam_client(lam, rho, extrapolate), NesterovServer(lam, "m"))

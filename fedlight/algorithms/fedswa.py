@@ -19,12 +19,21 @@ Every server mean is the plain mean over the s sampled clients, as the box write
 Defaults: α = 1 (``x = v``); the paper gives no value for ρ or γ, so the defaults are the released code's,
 ρ = 0 and γ = 0.4. ``FedSWA ρ = 1, α = 1`` is FedAvg exactly. The released code and the sign check of the
 control variates are in ``docs/algorithms.md`` (FedSWA / FedMoSWA).
+
+FedMoSWA "as released" settings (each ``paper`` by default, ``released`` for the authors' code):
+  first_round      round 0 uses γ = 1, so m₁ = mean_S c_i⁺ (the released server's first round)
+  control_divisor  c_i⁺ divides by K·(η_l + ρ·η_l)/2 instead of Σ_k η_k = η_l·(K − (1 − ρ)(K − 1)/2)
+                   (the unreachable released ``update_FedMoSWA``; equal at ρ = 1, K/(K + 1) of it at ρ = 0)
+  clip_order       clip g alone, then add m − c_i (the released code); ``paper`` clips d (ALGORITHMS.md §0)
+The runnable released "MoFedSWA" is ``rho=1, first_round="released", clip_order="released"`` (γ = 0.4).
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fedlight import params as P
-from fedlight.algorithms.compose import ComposedClient, InRoundLR, ServerWrapper
+from fedlight.algorithms.compose import ComposedClient, InRoundLR, ServerWrapper, released
 from fedlight.algorithms.scaffold import ScaffoldCorrection
 from fedlight.errors import check
 from fedlight.registry import register
@@ -54,7 +63,20 @@ class MoSWACorrection(ScaffoldCorrection):
     """``d += m − c_i``; ``c_i⁺ = c_i − m + (x_r − y_{i,K})/Σ_k η_k``; upload ``Δc_i = c_i⁺ − m``.
 
     ``m`` arrives under SCAFFOLD's key ``"c"``; only the upload differs from SCAFFOLD.
+
+    Args:
+        mean_lr_divisor: divide by ``K·η_l·(1 + ρ)/2`` instead of ``Σ_k η_k`` (``control_divisor="released"``).
+        rho: ρ of the in-round schedule (used by ``mean_lr_divisor`` only).
     """
+
+    def __init__(self, mean_lr_divisor: bool = False, rho: float = 0.0) -> None:
+        super().__init__()
+        self.mean_lr_divisor, self.rho = mean_lr_divisor, rho
+
+    def lr_sum(self, ctx):
+        if self.mean_lr_divisor:
+            return ctx.num_steps * ctx.lr * (1.0 + self.rho) / 2  # K·(η_l + ρη_l)/2
+        return ctx.lr_sum  # Σ_k η_k
 
     def finish(self, ctx, result):
         super().finish(ctx, result)  # c_i⁺ = c_i − m + (x_r − y_{i,K})/Σ η_k;  c_i ← c_i⁺
@@ -73,13 +95,15 @@ class MoSWAServer(ServerWrapper):
     Args:
         inner: the server rule that moves ``x`` (FedSWA's ``x ← x + α(v − x)``).
         gamma: γ.
+        first_gamma: γ of round 0 (None: ``gamma``; the released server: 1, ``m₁ = mean_S c_i⁺``).
     """
 
     state_keys = ("m",)
 
-    def __init__(self, inner: ServerRule, gamma: float) -> None:
+    def __init__(self, inner: ServerRule, gamma: float, first_gamma: float | None = None) -> None:
         super().__init__(inner)
         self.gamma = gamma
+        self.first_gamma = gamma if first_gamma is None else first_gamma
 
     def setup(self, params):
         super().setup(params)
@@ -92,7 +116,8 @@ class MoSWAServer(ServerWrapper):
 
     def update(self, params, agg, info):
         x = super().update(params, agg, info)  # x ← x + α(v − x)
-        self.m = P.add(self.m, agg.extras["delta_c"], self.gamma)  # m ← m + γ·mean_S(Δc_i)
+        gamma = self.first_gamma if info.round == 0 else self.gamma
+        self.m = P.add(self.m, agg.extras["delta_c"], gamma)  # m ← m + γ·mean_S(Δc_i)
         return x
 
     def diagnostics(self):
@@ -129,10 +154,19 @@ class FedMoSWA(Algorithm):
         alpha: α, the server's averaging weight (0 < α ≤ 1).
         gamma: γ, the server momentum step ``m ← m + γ·mean(c_i⁺ − m)`` (0 ≤ γ ≤ 1; not in the paper, 0.4 as in
             the released code).
+        first_round: "paper" (γ in every round) or "released" (γ = 1 in round 0: ``m₁ = mean_S c_i⁺``).
+        control_divisor: "paper" (``Σ_k η_k``) or "released" (``K·η_l·(1 + ρ)/2``, the unreachable released
+            ``update_FedMoSWA``).
+        clip_order: "paper" (clip ``d``) or "released" (clip ``g`` alone, then add ``m − c_i``).
     """
 
-    def __init__(self, rho: float = 0.0, alpha: float = 1.0, gamma: float = 0.4) -> None:
+    def __init__(self, rho: float = 0.0, alpha: float = 1.0, gamma: float = 0.4,
+                 first_round: Literal["paper", "released"] = "paper",
+                 control_divisor: Literal["paper", "released"] = "paper",
+                 clip_order: Literal["paper", "released"] = "paper") -> None:
         _check_swa(rho, alpha)
         check(0 <= gamma <= 1, f"`algorithm.gamma` must be in [0, 1], got {gamma}")
-        super().__init__(InRoundLinearLR(ComposedClient(corrections=[MoSWACorrection()]), rho),
-                         MoSWAServer(SWAServer(lr=alpha), gamma))
+        correction = MoSWACorrection(released("control_divisor", control_divisor), rho)
+        client = ComposedClient(corrections=[correction], clip_gradient_first=released("clip_order", clip_order))
+        first_gamma = 1.0 if released("first_round", first_round) else None
+        super().__init__(InRoundLinearLR(client, rho), MoSWAServer(SWAServer(lr=alpha), gamma, first_gamma))

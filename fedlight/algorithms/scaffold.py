@@ -40,9 +40,13 @@ class ScaffoldCorrection(Correction):
     def add(self, ctx, d):
         torch._foreach_add_(d, ctx.scratch["c-c_i"], alpha=self.scale)  # d += c − c_i
 
+    def lr_sum(self, ctx) -> float:
+        """The divisor of the option-II update: ``Σ_k η_k``, the learning rates actually used."""
+        return ctx.lr_sum
+
     def finish(self, ctx, result):
         c, c_i = ctx.broadcast.extras["c"], ctx.state["c_i"]
-        c_i_new = P.lincomb([(1.0, c_i), (-1.0, c), (-1.0 / ctx.lr_sum, result.delta)])  # c_i − c + (x − y)/(Kη)
+        c_i_new = P.lincomb([(1.0, c_i), (-1.0, c), (-1.0 / self.lr_sum(ctx), result.delta)])  # c_i − c + (x − y)/(Kη)
         result.extras["delta_c"] = P.sub(c_i_new, c_i)  # Δc_i
         ctx.state["c_i"] = c_i_new
 

@@ -358,6 +358,78 @@ def number(v: Any) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def _accuracy(metric: str) -> bool:
+    return metric in ("final_test_acc", "best_test_acc") or metric.startswith("last_test_acc:")
+
+
+def _sign(x: float, digits: int) -> str:
+    r = round(x, digits)
+    return "+" if r > 0 else "-" if r < 0 else "0"
+
+
+def baseline_gaps(spec: dict, cs: list) -> dict[tuple[str, str], dict[str, Any]]:
+    """Each cell's gap to the spec's ``baseline`` row in its column, per metric: ``gap`` = mean over the seeds both
+    finished of (cell − baseline), ``pairs`` = how many seeds; ``paper_gap`` = paper(cell) − paper(baseline);
+    ``same_sign``: whether the two gaps have one sign at the shown digits (None where either is missing or the
+    metric is not comparable with the paper's, which is an accuracy)."""
+    base = spec.get("baseline")
+    if not base:
+        return {}
+    grid = {(c.row, c.col): c for c in cs}
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in cs:
+        b = grid.get((base, c.col))
+        if b is None:
+            continue
+        pc, pb = number(paper_value(spec, c)), number(paper_value(spec, b))
+        paper_gap = pc - pb if pc is not None and pb is not None else None
+        for m in [c.metric, *spec.get("also", [])]:
+            pairs = [(float(x), float(y)) for x, y in zip(c.values.get(m, []), b.values.get(m, []))
+                     if x not in ("missing", None) and y not in ("missing", None)]
+            gap = statistics.fmean(x - y for x, y in pairs) if pairs else None
+            digits = stats(m, c.values.get(m, []))["digits"]
+            comparable = m == c.metric or (_accuracy(m) and _accuracy(c.metric))
+            same = (None if gap is None or paper_gap is None or not comparable
+                    else _sign(gap, digits) == _sign(paper_gap, digits))
+            out[(c.name, m)] = {"gap": gap, "pairs": len(pairs), "paper_gap": paper_gap, "same_sign": same,
+                                "digits": digits}
+    return out
+
+
+def gap_lines(spec: dict, cs: list, gaps: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
+    """The table.md section of :func:`baseline_gaps` (empty without a ``baseline``)."""
+    if not gaps:
+        return []
+    base, metrics = spec["baseline"], list(dict.fromkeys(m for _, m in gaps))
+    lines = [f"## Gap to {base} (same column, paired by seed)", "",
+             f"Measured: mean over the seeds both cells finished of (cell − {base}), with that number of seeds. "
+             f"Paper: paper(cell) − paper({base}). `=` / `≠`: the measured gap has / has not the paper gap's sign "
+             "(0 at the shown digits is a sign of its own).", "",
+             f"| cell | paper gap | {' | '.join(metrics)} |", f"|---|---:|{'---:|' * len(metrics)}"]
+    for c in cs:
+        if (c.name, c.metric) not in gaps:
+            continue
+        pg = gaps[(c.name, c.metric)]["paper_gap"]
+        items = []
+        for m in metrics:
+            g = gaps.get((c.name, m))
+            if g is None or g["gap"] is None:
+                items.append("-")
+                continue
+            mark = {True: " =", False: " ≠", None: ""}[g["same_sign"]]
+            items.append(f"{g['gap']:+.{g['digits']}f}{mark} ({g['pairs']})")
+        lines.append(f"| {c.name} | {'-' if pg is None else format(pg, '+.2f')} | {' | '.join(items)} |")
+    return lines + [""]
+
+
+def _gap_fields(g: dict[str, Any] | None) -> list[str]:
+    if g is None:
+        return ["", "", "", ""]
+    return ["" if g["gap"] is None else repr(g["gap"]), str(g["pairs"]),
+            "" if g["paper_gap"] is None else repr(g["paper_gap"]),
+            "" if g["same_sign"] is None else str(g["same_sign"]).lower()]
+
+
 def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Path]], seeds: list[int], out: Path,
                 command: str, shrink: str | None, jobs: int) -> str:
     """``fedlight reproduce``'s output: ``table.md``, ``table.csv`` and ``curves*.png`` (one figure per column that
@@ -389,11 +461,13 @@ def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Pat
             items.append("" if c is None else stats(c.metric, c.values[c.metric])["text"] +
                          (f" / {p}" if p is not None else "") + (f" [{c.diverged} diverged]" if c.diverged else ""))
         lines.append(f"| {row} | {' | '.join(items)} |")
-    lines += ["", "## Cells", "", "| cell | metric | paper | measured | measured − paper | run directory |",
+    gaps = baseline_gaps(spec, cs)
+    lines += ["", *gap_lines(spec, cs, gaps), "## Cells", "", "| cell | metric | paper | measured | measured − paper | run directory |",
               "|---|---|---:|---:|---:|---|"]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["cell", "row", "column", "metric", "paper", "mean", "std", "n", "difference", "values", "run_dir"])
+    w.writerow(["cell", "row", "column", "metric", "paper", "mean", "std", "n", "difference", "values", "run_dir",
+                "baseline_gap", "baseline_pairs", "paper_gap", "same_sign_as_paper"])
     for c in cs:
         for m in [c.metric, *spec.get("also", [])]:
             s, p = stats(m, c.values[m]), paper_value(spec, c) if m == c.metric else None
@@ -404,7 +478,7 @@ def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Pat
             lines.append(f"| {c.name} | {m} | {'-' if p is None else p} | {s['text']} | {d} | `{run_dir}` |")
             w.writerow([c.name, c.row, c.col, m, "" if p is None else p, "" if s["mean"] is None else repr(s["mean"]),
                         "" if s["std"] is None else repr(s["std"]), s["n"], "" if diff is None else repr(diff),
-                        json.dumps(c.values[m]), str(run_dir)])
+                        json.dumps(c.values[m]), str(run_dir), *_gap_fields(gaps.get((c.name, m)))])
     atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
     atomic_write_text(out / "table.csv", buf.getvalue())
     figures: dict[str, dict[str, list[Path]]] = {}

@@ -12,6 +12,7 @@ A *table spec* (``recipes/tables/*.yaml``) names a base recipe, a grid of overri
     columns: {dir0.1: {}, dir0.6: {data.init_args.partition.init_args.alpha: 0.6}, ...}
     cell_overrides: {fedadamw/vit: {algorithm.init_args.blocks: hessian}}
     paper:   {fedavg: {dir0.1: 82.26, dir0.6: 86.84}, ...}   # null or absent: the paper has no number
+    baseline: fedavg                  # optional: each cell's gap to this row (paired by seed) and its sign vs the paper's
     notes: how this setup differs from the paper's
 
 Overrides are ``fedlight fit`` flags without the dashes (``loop.rounds: 2`` → ``--loop.rounds 2``). A column
@@ -51,7 +52,7 @@ from fedlight.lab import report as rep
 
 SHRINK_KEYS = {"rounds": "loop.rounds", "subset": "data.init_args.subset", "test_subset": "data.init_args.test_subset"}
 SPEC_KEYS = {"title", "base", "metric", "also", "overrides", "rows", "columns", "cell_overrides", "paper", "notes",
-             "seeds", "slurm"}
+             "seeds", "slurm", "baseline"}
 
 
 @dataclass
@@ -99,6 +100,8 @@ def load_spec(path: Path) -> dict[str, Any]:
     unknown -= {f"{r}/{c}" for r in spec["rows"] for c in spec["columns"]}
     unknown |= set(spec.get("cell_overrides") or {}) - {f"{r}/{c}" for r in spec["rows"] for c in spec["columns"]}
     check(not unknown, f"{where}: `paper`/`cell_overrides` name cells that are not in the grid: {sorted(unknown)}")
+    check(spec.get("baseline") is None or spec["baseline"] in spec["rows"],
+          f"{where}: `baseline` must name a row ({', '.join(spec['rows'])}), got {spec.get('baseline')!r}")
     return spec
 
 
