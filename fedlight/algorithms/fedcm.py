@@ -5,7 +5,8 @@ State: the server keeps the last global pseudo-gradient ``G`` (zeros in round 0)
   server             x ← x + η_g·Δ̄;   G ← −Δ̄/(K·η_r)       (Alg. 1: Δ_{r+1} = −Δ̄/(Kη))
 ``α`` is the weight on the fresh gradient (0.1 in the papers that compare against FedCM); the mix is part of
 ``d`` and therefore inside the clip (the paper writes no clip; ALGORITHMS.md §0 clips the direction taken).
-``clip_order="released"`` clips the gradient alone first, as the released code does: ``d = α·clip(g) + (1 − α)·G``. In round 0, ``G = 0``, so the first round moves at ``α·η`` (as the released
+``clip_order="released"`` clips the gradient alone first, as the released code does:
+``d = α·clip(g) + (1 − α)·G``. In round 0, ``G = 0``, so the first round moves at ``α·η`` (as the released
 FL-Simulator code does). ``α = 1`` is FedAvg exactly.
 
 The two pieces are reusable: :class:`MomentumCorrection` (``d += s·G`` for a global direction the client

@@ -462,8 +462,8 @@ def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Pat
                          (f" / {p}" if p is not None else "") + (f" [{c.diverged} diverged]" if c.diverged else ""))
         lines.append(f"| {row} | {' | '.join(items)} |")
     gaps = baseline_gaps(spec, cs)
-    lines += ["", *gap_lines(spec, cs, gaps), "## Cells", "", "| cell | metric | paper | measured | measured − paper | run directory |",
-              "|---|---|---:|---:|---:|---|"]
+    lines += ["", *gap_lines(spec, cs, gaps), "## Cells", "",
+              "| cell | metric | paper | measured | measured − paper | run directory |", "|---|---|---:|---:|---:|---|"]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["cell", "row", "column", "metric", "paper", "mean", "std", "n", "difference", "values", "run_dir",

@@ -12,7 +12,7 @@ A *table spec* (``recipes/tables/*.yaml``) names a base recipe, a grid of overri
     columns: {dir0.1: {}, dir0.6: {data.init_args.partition.init_args.alpha: 0.6}, ...}
     cell_overrides: {fedadamw/vit: {algorithm.init_args.blocks: hessian}}
     paper:   {fedavg: {dir0.1: 82.26, dir0.6: 86.84}, ...}   # null or absent: the paper has no number
-    baseline: fedavg                  # optional: each cell's gap to this row (paired by seed) and its sign vs the paper's
+    baseline: fedavg                  # optional: each cell's gap to this row (paired by seed), sign vs the paper's
     notes: how this setup differs from the paper's
 
 Overrides are ``fedlight fit`` flags without the dashes (``loop.rounds: 2`` → ``--loop.rounds 2``). A column
