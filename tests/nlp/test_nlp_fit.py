@@ -70,7 +70,7 @@ def test_bytes_per_round_are_the_adapters(glue_root, tokenizer, tmp_path):
     assert s["bytes_up"] < 4 * backbone * 2 * 2 / 10
 
 
-@pytest.mark.parametrize("rule", ["fedavg", "fedadamw"])
+@pytest.mark.parametrize("rule", TABLE3)
 def test_stacked_clients_equal_sequential_ones(rule, glue_root, tokenizer, tmp_path):
     out = {}
     for mode in ("sequential", "vmap"):
