@@ -3,6 +3,7 @@
 Usage: python mp_lightning.py N OUT.pt   (Fabric's launcher re-runs this script for ranks >= 1)
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -30,7 +31,7 @@ def main(n: int, out: str) -> None:
     summary = fedlight.fit(LitMLP(), data, fedlight.create("scaffold"), accelerator="cpu", devices=n,
                            loop=LoopConfig(rounds=2, clients_per_round=4, local_steps=3, progress=False),
                            out_dir=str(Path(out).with_suffix("")), overwrite=True)
-    if summary is not None and Path(out).parent.exists():
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # rank 0 holds the run record (other ranks' summaries are empty)
         final = torch.load(Path(out).with_suffix("") / "final_model.pt", weights_only=True)
         torch.save({"summary": {k: v for k, v in summary.items() if k.startswith("final_test")}, "model": final}, out)
 
