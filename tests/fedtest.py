@@ -119,3 +119,39 @@ def contract_loop(name: str, rounds: int = 2, out_dir="unused", model: nn.Module
                 max_grad_norm=10.0, batch_size=4, rounds=rounds, out_dir=out_dir)
     args.update(kw)
     return make_loop(fedlight.create(name), image_clients(), model if model is not None else tiny_cnn(), **args)
+
+
+def zeros(theta):
+    return {k: np.zeros_like(v) for k, v in theta.items()}
+
+
+def mean(ds):
+    """Plain mean of parameter dicts."""
+    return lin(*[(1 / len(ds), d) for d in ds])
+
+
+def sub(a, b):
+    return lin((1, a), (-1, b))
+
+
+def emap(f, *ts):
+    """Element-wise ``f`` over dicts with the same keys."""
+    return {k: f(*(t[k] for t in ts)) for k in ts[0]}
+
+
+def as_np(p):
+    return {k: v.detach().cpu().double().numpy() for k, v in p.items()}
+
+
+class Clip:
+    """The loop's joint clip: coef = c/(‖g‖ + 1e-6), at most 1; counts the steps where it was active."""
+
+    def __init__(self, c):
+        self.c, self.active = c, 0
+
+    def __call__(self, g):
+        if self.c is None:
+            return g
+        coef = min(1.0, self.c / (norm(g) + 1e-6))
+        self.active += coef < 1.0
+        return lin((coef, g))

@@ -8,7 +8,20 @@ import math
 import numpy as np
 import pytest
 import torch
-from fedtest import assert_params_close, grad, lin, linear_model, make_loop, norm, problem, run_rounds
+from fedtest import (
+    Clip,
+    as_np,
+    assert_params_close,
+    emap,
+    grad,
+    lin,
+    linear_model,
+    make_loop,
+    mean,
+    problem,
+    run_rounds,
+    zeros,
+)
 from torch import nn
 
 import fedlight
@@ -17,37 +30,6 @@ from fedlight.errors import ConfigError
 from fedlight.sampling import sample_clients
 
 K, LR, R = 3, 0.05, 2
-
-
-def zeros(theta):
-    return {k: np.zeros_like(v) for k, v in theta.items()}
-
-
-def mean(ds):
-    return lin(*[(1 / len(ds), d) for d in ds])
-
-
-def emap(f, *ts):
-    """Element-wise ``f`` over dicts with the same keys."""
-    return {k: f(*(t[k] for t in ts)) for k in ts[0]}
-
-
-class Clip:
-    """Joint-norm clip as the loop does it (coef = c/(‖g‖ + 1e-6), at most 1); counts active clips."""
-
-    def __init__(self, c):
-        self.c, self.active = c, 0
-
-    def __call__(self, g):
-        if self.c is None:
-            return g
-        coef = min(1.0, self.c / (norm(g) + 1e-6))
-        self.active += coef < 1.0
-        return lin((coef, g))
-
-
-def as_np(p):
-    return {k: v.detach().cpu().double().numpy() for k, v in p.items()}
 
 
 def run(name, rounds=R, local_steps=K, lr=LR, clients=None, theta=None, model=None, loop_kw=None, **kw):

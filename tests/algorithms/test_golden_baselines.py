@@ -3,7 +3,7 @@ equal an independent numpy derivation of ALGORITHMS.md to 1e-10. The derivation 
 
 import numpy as np
 import pytest
-from fedtest import assert_params_close, grad, lin, linear_model, make_loop, problem, run_rounds
+from fedtest import assert_params_close, grad, lin, linear_model, make_loop, mean, problem, run_rounds
 
 import fedlight
 
@@ -22,10 +22,6 @@ def reference(clients, theta, client_step, server, rounds=R):
             deltas.append(lin((1, y), (-1, x)))
         x = server(x, deltas, r)
     return x
-
-
-def mean(ds):
-    return lin(*[(1 / len(ds), d) for d in ds])
 
 
 def run(name, **kw):

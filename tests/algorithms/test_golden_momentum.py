@@ -5,7 +5,7 @@ matches what is sent; argument ranges are validated."""
 
 import numpy as np
 import pytest
-from fedtest import assert_params_close, grad, lin, linear_model, make_loop, norm, problem, run_rounds
+from fedtest import assert_params_close, grad, lin, linear_model, make_loop, mean, norm, problem, run_rounds
 
 import fedlight
 from fedlight.errors import ConfigError
@@ -21,10 +21,6 @@ def np_params(p):
 
 def zeros_like(theta):
     return {k: np.zeros_like(v) for k, v in theta.items()}
-
-
-def mean(ds):
-    return lin(*[(1 / len(ds), d) for d in ds])
 
 
 def cos(a, b):

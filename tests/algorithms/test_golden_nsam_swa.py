@@ -5,7 +5,7 @@ including server momentum, control variates and per-client state. The derivation
 import numpy as np
 import pytest
 import torch
-from fedtest import assert_params_close, grad, lin, linear_model, make_loop, norm, problem, run_rounds
+from fedtest import assert_params_close, grad, lin, linear_model, make_loop, mean, norm, problem, run_rounds, sub, zeros
 
 import fedlight
 from fedlight.errors import ConfigError
@@ -14,18 +14,6 @@ from fedlight.sampling import sample_clients
 
 K, LR, R = 2, 0.1, 2
 SEED = 1  # partial participation (2 of 3): S_0 = {0, 1}, S_1 = {0, 2}, so client 1 sits out round 1
-
-
-def zeros(theta):
-    return {k: np.zeros_like(v) for k, v in theta.items()}
-
-
-def mean(ds):
-    return lin(*[(1 / len(ds), d) for d in ds])
-
-
-def sub(a, b):
-    return lin((1, a), (-1, b))
 
 
 def sqdist(a, b):

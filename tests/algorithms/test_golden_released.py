@@ -6,47 +6,28 @@ runs stacked (vmap) exactly as sequentially, and a bad value names the setting a
 
 import numpy as np
 import pytest
-from fedtest import assert_params_close, grad, lin, linear_model, make_loop, norm, problem, run_rounds
+from fedtest import (
+    Clip,
+    as_np,
+    assert_params_close,
+    emap,
+    grad,
+    lin,
+    linear_model,
+    make_loop,
+    mean,
+    norm,
+    problem,
+    run_rounds,
+    sub,
+    zeros,
+)
 
 import fedlight
 from fedlight.errors import ConfigError
 
 K, LR = 2, 0.1
 CLIP = 0.2  # the problem's gradient norms are 0.3–1.3: the clip is active on most steps
-
-
-def zeros(theta):
-    return {k: np.zeros_like(v) for k, v in theta.items()}
-
-
-def mean(ds):
-    return lin(*[(1 / len(ds), d) for d in ds])
-
-
-def sub(a, b):
-    return lin((1, a), (-1, b))
-
-
-def emap(f, *ts):
-    return {k: f(*(t[k] for t in ts)) for k in ts[0]}
-
-
-def as_np(p):
-    return {k: v.detach().cpu().double().numpy() for k, v in p.items()}
-
-
-class Clip:
-    """The loop's joint clip: coef = c/(‖g‖ + 1e-6), at most 1; counts the steps where it was active."""
-
-    def __init__(self, c):
-        self.c, self.active = c, 0
-
-    def __call__(self, g):
-        if self.c is None:
-            return g
-        coef = min(1.0, self.c / (norm(g) + 1e-6))
-        self.active += coef < 1.0
-        return lin((coef, g))
 
 
 def run(name, rounds, local_steps=K, lr=LR, max_grad_norm=None, weight_decay=0.0, **kw):

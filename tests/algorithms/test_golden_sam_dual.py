@@ -8,7 +8,7 @@ survives rounds where the client is absent and that server sums use 1/N.
 
 import numpy as np
 import pytest
-from fedtest import assert_params_close, grad, lin, linear_model, make_loop, norm, problem, run_rounds
+from fedtest import assert_params_close, grad, lin, linear_model, make_loop, mean, norm, problem, run_rounds, zeros
 
 import fedlight
 from fedlight.errors import ConfigError
@@ -28,14 +28,6 @@ def run(name, partial=False, **kw):
 
 def sampled(r, partial):
     return sample_clients(N, S_SIZE, SEED, r) if partial else list(range(N))
-
-
-def zeros(theta):
-    return {k: np.zeros_like(v) for k, v in theta.items()}
-
-
-def mean(ds):
-    return lin(*[(1 / len(ds), d) for d in ds])
 
 
 def unit(v, eps=0.0):
