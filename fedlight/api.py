@@ -212,12 +212,11 @@ def _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_p
         data.setup(fabric.device, seed)
     check(loop.clients_per_round <= data.num_clients,
           f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({data.num_clients})")
-    task = resolve_task(task, model, data)
-    task.setup(data)
-    _check_targets(task, loop)
+    task = resolve_task(task, model, data)  # set up by the loop, with the data
     loop, optimizer = _local_optimizer(fabric, model, task, algorithm, loop)
     runner = FederatedLoop(fabric, model, data, algorithm, loop, seed, out, task=task, optimizer=optimizer)
     runner.probe()  # one batch through model + task: a mismatch is refused before round 1
+    _check_targets(task, loop)  # after the probe: a LightningModule's headline is known only then
     runner.store.use_folder(out / "client_state" / f"rank{fabric.global_rank}")  # unchanged states: never rewritten
     if ckpt is not None:
         _check_resume(runner, ckpt, ckpt_path, defining)

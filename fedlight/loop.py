@@ -80,7 +80,8 @@ class FederatedLoop(Fitting):
     def __init__(self, fabric, model: nn.Module, data, algorithm: Algorithm, cfg: LoopConfig, seed: int,
                  out_dir: Path, task: Task | None = None, optimizer: OptimizerFactory | None = None) -> None:
         self.fabric, self.data, self.algorithm, self.cfg, self.seed = fabric, data, algorithm, cfg, seed
-        self.task = task if task is not None else Classification(data.num_classes)
+        self.task = task if task is not None else Classification()
+        self.task.setup(data)  # learns what it needs from the data (e.g. the number of classes)
         self.out_dir = Path(out_dir)
         self.device = fabric.device
         self.model = fabric.strategy.precision.convert_module(model).to(self.device)
