@@ -124,6 +124,8 @@ class Fitting:
                 row = self._fit_round(r, record)
                 if row is None:
                     break
+                if r == self.start_round:
+                    row["warm_up"] = True  # compilation, autotuning, allocator: not in seconds_per_round
                 self.totals["bytes_up"] += row["bytes_up"]
                 self.totals["bytes_down"] += row["bytes_down"]
                 self.totals["wall_time_s"] = wall0 + time.perf_counter() - t_fit

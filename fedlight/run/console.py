@@ -18,8 +18,8 @@ from fedlight.run.files import format_metric, seconds_per_round
 LINE_SECONDS = 30.0
 """Without a terminal, a line at least this often (in seconds) whatever the cadence."""
 
-RECENT = 20
-"""The console's s/round is the mean over this many latest rounds (``summary.json``: over the whole run)."""
+TIMES = ("round", "round_time_s", "eval_time_s", "checkpoint_time_s", "warm_up")
+"""What the console keeps of each row: enough for :func:`~fedlight.run.files.seconds_per_round`."""
 
 LOSS_ALARM = 5.0
 """Warn when a round's train loss exceeds this many times the first round's (or is not finite)."""
@@ -28,6 +28,10 @@ LOSS_ALARM = 5.0
 def _fmt_time(s: float) -> str:
     s = int(round(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def _times(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in TIMES if k in row}
 
 
 class Progress:
@@ -51,6 +55,7 @@ class Progress:
 
     def start(self, start_round: int, rows: list[dict[str, Any]]) -> None:
         self.start_round = start_round
+        self.rows = [_times(r) for r in rows]  # a resumed run's s/round covers the whole run, as summary.json's
         self.acc = next((r[self.key] for r in reversed(rows) if r.get(self.key) is not None), None)
         self.last_line = time.monotonic()
         if self.enabled and self.out.isatty():
@@ -66,7 +71,7 @@ class Progress:
         if not self.enabled:
             return
         r = int(row["round"])
-        self.rows = [*self.rows[-(RECENT - 1):], row]
+        self.rows.append(_times(row))
         if row.get(self.key) is not None:
             self.acc = row[self.key]
         if self.bar is not None:

@@ -212,15 +212,26 @@ ROUND_EXTRAS = ("eval_time_s", "checkpoint_time_s")
 
 
 def seconds_per_round(rows: list[dict[str, Any]]) -> tuple[float | None, float | None]:
-    """The one definition of seconds per round, in two labelled parts, means over ``rows``: *training*
-    (``round_time_s``: local training and aggregation) and *with evaluation* (training + ``eval_time_s`` +
-    ``checkpoint_time_s``: what a user waits for per round). The console line and ``summary.json`` both use it."""
+    """The one definition of seconds per round, in two labelled parts, means over the *steady* rounds of
+    ``rows``: *training* (``round_time_s``: local training and aggregation) and *with evaluation* (training +
+    ``eval_time_s`` + ``checkpoint_time_s``: what a user waits for per round). Steady: every round but the first
+    one each process ran (``warm_up`` in its row: it carries compilation, cuDNN autotuning and allocator warm-up,
+    26 s against 1.6 s for a compiled ResNet-18 round on an H100), unless no other round is there. The console
+    line and ``summary.json`` both use it; ``summary.json`` gives the warm-up rounds apart (:func:`warm_up_s`)."""
     timed = [r for r in rows if "round_time_s" in r]
+    timed = [r for r in timed if not r.get("warm_up")] or timed
     if not timed:
         return None, None
     train = sum(r["round_time_s"] for r in timed) / len(timed)
     extra = sum(float(r.get(k) or 0.0) for r in timed for k in ROUND_EXTRAS) / len(timed)
     return train, train + extra
+
+
+def warm_up_s(rows: list[dict[str, Any]]) -> float | None:
+    """Mean training seconds of the warm-up rounds (the first round of each process), left out of
+    :func:`seconds_per_round`."""
+    warm = [r["round_time_s"] for r in rows if r.get("warm_up") and "round_time_s" in r]
+    return sum(warm) / len(warm) if warm else None
 
 
 def summarize(rows: list[dict[str, Any]], targets: list[float], totals: dict[str, Any],
@@ -244,6 +255,7 @@ def summarize(rows: list[dict[str, Any]], targets: list[float], totals: dict[str
         "final_train_loss": rows[-1].get("train_loss") if rows else None,
         "seconds_per_round": train_s,
         "seconds_per_round_with_eval": with_eval_s,
+        "warm_up_round_s": warm_up_s(rows),
         **totals,
         "versions": versions(),
     }

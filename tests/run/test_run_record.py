@@ -263,15 +263,40 @@ def test_an_unregistered_algorithm_subclass_records_its_arguments():
 
 # ---------------------------------------------------------------------------------------- one s/round (issue 19)
 def test_console_and_summary_share_one_seconds_per_round(tmp_path):
-    """Both labelled parts, training and with evaluation, are the same numbers on the console and in summary.json
-    (a run of ≤ 20 rounds: the console's recent window is the whole run)."""
+    """Both labelled parts, training and with evaluation, are the same numbers on the console and in summary.json:
+    means over rounds 2..R, the first (warm-up) round given apart."""
     out = tmp_path / "run"
     res = _cli("--out_dir", out, "--loop.rounds", 3, "--loop.progress", "true")
     last = [x for x in res.stderr.splitlines() if x.startswith("round 3/3")][0]
     s = json.loads((out / "summary.json").read_text())
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    train = sum(r["round_time_s"] for r in rows) / 3
-    wait = train + sum(r.get("eval_time_s", 0) + r.get("checkpoint_time_s", 0) for r in rows) / 3
+    assert [r.get("warm_up", False) for r in rows] == [True, False, False]
+    train = sum(r["round_time_s"] for r in rows[1:]) / 2
+    wait = train + sum(r.get("eval_time_s", 0) + r.get("checkpoint_time_s", 0) for r in rows[1:]) / 2
     assert s["seconds_per_round"] == pytest.approx(train, rel=1e-12)
     assert s["seconds_per_round_with_eval"] == pytest.approx(wait, rel=1e-12) and wait > train
+    assert s["warm_up_round_s"] == pytest.approx(rows[0]["round_time_s"], rel=1e-12)
     assert f"s/round {s['seconds_per_round']:.3f} training, {s['seconds_per_round_with_eval']:.3f} with eval" in last
+
+
+def test_seconds_per_round_leaves_out_warm_up_rounds_on_console_and_in_summary():
+    """The H100 run of the GPU check: a 26 s compiling first round, then 1.6 s rounds. The console (after 30
+    rounds, and after a resume that warmed up again) and the summary give the same steady mean, 1.6 s."""
+    import io
+
+    from fedlight.run.console import Progress
+    from fedlight.run.files import seconds_per_round, summarize
+
+    rows = [{"round": r, "round_time_s": 26.0 if r in (1, 21) else 1.6, "eval_time_s": 0.05, "test_acc": 0.3,
+             **({"warm_up": True} if r in (1, 21) else {})} for r in range(1, 31)]
+    assert seconds_per_round(rows) == (pytest.approx(1.6), pytest.approx(1.65))
+    s = summarize(rows, [], {})
+    assert (s["seconds_per_round"], s["warm_up_round_s"]) == (pytest.approx(1.6), pytest.approx(26.0))
+    buf = io.StringIO()
+    p = Progress(30, stream=buf)
+    p.start(20, rows[:20])  # resumed after round 20; its own first round (21) is a warm-up again
+    for row in rows[20:]:
+        p.update(row)
+    assert "round 30/30" in buf.getvalue().splitlines()[-1]
+    assert "s/round 1.600 training, 1.650 with eval" in buf.getvalue().splitlines()[-1]
+    assert seconds_per_round(rows[:1]) == (pytest.approx(26.0), pytest.approx(26.05))  # nothing else: the warm-up

@@ -1,0 +1,210 @@
+#!/usr/bin/env python
+"""Where a stacked ResNet-18 round spends its time on a GPU, and what the next routes would buy (issue 19).
+
+    python tools/gpu_profile.py                 # on a CUDA machine, after tools/gpu_check.sh
+    python tools/gpu_profile.py --smoke         # CPU, tiny: checks the script runs (numbers meaningless)
+
+Sections, each printed as soon as it is measured (a timeout keeps what came before):
+
+1. ``round``: FedAvg's compiled stacked round (10 clients x 50 steps x batch 50, ResNet-18 GroupNorm, bf16),
+   one profiled round: wall seconds, GPU kernel seconds (the sum of kernel durations, nothing else), kernels per
+   stacked step, the ten costliest kernels and CPU ops; then the same round with ``cudnn.benchmark`` on.
+2. ``conv``: one stacked 3x3 convolution per ResNet-18 stage, forward + backward, C clients: the grouped
+   convolution vmap produces (``cudnn.benchmark`` off / on), and the same as one batched matmul over unfolded
+   patches. Milliseconds per call and the ratio to the grouped convolution.
+3. ``wgrad``: the grouped convolution with its weight gradient computed as one batched matmul (the cuDNN
+   grouped weight-gradient kernel is the costliest kernel of the round), against cuDNN, with the error.
+4. ``graphs``: the round compiled with ``mode="reduce-overhead"`` (CUDA graphs), s/round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _loop(w, dev: str, compile):
+    from fedlight.lab.bench import fedlight_loop
+
+    model = w.model().to(dev)
+    return fedlight_loop(model, w.data(), w, dev, "bf16-mixed", "fedavg", parallelism="vmap", compile=compile)
+
+
+def _rounds(loop, first: int, n: int) -> float:
+    dev = loop.device
+    times = []
+    for r in range(first, first + n):
+        _sync(dev)
+        t = time.perf_counter()
+        loop.run_round(r)
+        _sync(dev)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _profiled(loop, r: int, steps: int, top: int = 10) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from fedlight.lab.bench_gpu import kernel_seconds
+
+    dev = loop.device
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    _sync(dev)
+    t = time.perf_counter()
+    with profile(activities=acts) as prof:
+        loop.run_round(r)
+        _sync(dev)
+    wall = time.perf_counter() - t
+    busy, kernels = kernel_seconds(prof)
+    print(f"round: profiled wall {wall:.3f} s, GPU kernel time {busy:.3f} s ({100 * busy / wall:.0f} % busy), "
+          f"{len(kernels) / steps:.0f} kernels per stacked step", flush=True)
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e6
+    for name, s in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  kernel {100 * s / max(busy, 1e-12):5.1f} %  {s:.3f} s  {name[:110]}", flush=True)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)
+    print(table, flush=True)
+
+
+def round_section(w, dev: str) -> None:
+    loop = _loop(w, dev, True)
+    t = time.perf_counter()
+    loop.run_round(0)
+    print(f"round: compiled stacked, first round {time.perf_counter() - t:.1f} s", flush=True)
+    print(f"round: compiled stacked, s/round {_rounds(loop, 1, 3):.3f} (median of 3)", flush=True)
+    _profiled(loop, 4, w.steps)
+    torch.backends.cudnn.benchmark = True
+    loop.run_round(5)
+    print(f"round: compiled stacked + cudnn.benchmark, s/round {_rounds(loop, 6, 3):.3f} (median of 3)", flush=True)
+    _profiled(loop, 9, w.steps, top=6)
+    torch.backends.cudnn.benchmark = False
+
+
+def _ms(fn, dev: torch.device, reps: int) -> float:
+    fn()
+    _sync(dev)
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    _sync(dev)
+    return (time.perf_counter() - t) / reps * 1e3
+
+
+def conv_section(C: int, B: int, dev: str, reps: int, sizes) -> None:
+    d = torch.device(dev)
+    dt = torch.bfloat16 if d.type == "cuda" else torch.float32
+    for ch, hw in sizes:
+        x = torch.randn(C, B, ch, hw, hw, device=d, dtype=dt, requires_grad=True)
+        wt = torch.randn(C, ch, ch, 3, 3, device=d, dtype=dt, requires_grad=True)
+
+        def grouped():
+            xg = x.transpose(0, 1).reshape(B, C * ch, hw, hw)
+            y = F.conv2d(xg, wt.reshape(C * ch, ch, 3, 3), padding=1, groups=C)
+            y.float().square().mean().backward()
+
+        def bmm():
+            cols = F.unfold(x.reshape(C * B, ch, hw, hw), 3, padding=1)  # [C*B, ch*9, L]
+            cols = cols.view(C, B, ch * 9, hw * hw).transpose(1, 2).reshape(C, ch * 9, B * hw * hw)
+            y = torch.bmm(wt.reshape(C, ch, ch * 9), cols)  # [C, ch, B*L]
+            y.float().square().mean().backward()
+
+        row = []
+        for name, fn, bench in (("grouped", grouped, False), ("grouped+benchmark", grouped, True), ("bmm", bmm, False)):
+            torch.backends.cudnn.benchmark = bench
+            row.append((name, _ms(fn, d, reps)))
+        torch.backends.cudnn.benchmark = False
+        base = row[0][1]
+        print(f"conv: C={C} B={B} {ch}ch {hw}x{hw}: " + ", ".join(f"{n} {ms:.2f} ms (x{ms / base:.2f})"
+                                                                  for n, ms in row), flush=True)
+
+
+class _WgradBmm(torch.autograd.Function):
+    """A grouped 3x3 convolution whose weight gradient is one batched matmul over unfolded patches."""
+
+    @staticmethod
+    def forward(ctx, xg, w, C):
+        ctx.save_for_backward(xg, w)
+        ctx.C = C
+        return F.conv2d(xg, w, padding=1, groups=C)
+
+    @staticmethod
+    def backward(ctx, gy):
+        xg, w = ctx.saved_tensors
+        C = ctx.C
+        B, _, H, W = xg.shape
+        n_out, n_in = w.shape[0], w.shape[1]
+        out, L = n_out // C, H * W
+        gx = torch.nn.grad.conv2d_input(xg.shape, w, gy, padding=1, groups=C)
+        cols = F.unfold(xg, 3, padding=1).view(B, C, n_in * 9, L).permute(1, 0, 3, 2).reshape(C, B * L, n_in * 9)
+        g = gy.reshape(B, C, out, L).permute(1, 2, 0, 3).reshape(C, out, B * L)
+        return gx, torch.bmm(g, cols).view(n_out, n_in, 3, 3), None
+
+
+def wgrad_section(C: int, B: int, dev: str, reps: int, sizes) -> None:
+    d = torch.device(dev)
+    dt = torch.bfloat16 if d.type == "cuda" else torch.float32
+    for ch, hw in sizes:
+        xg = torch.randn(B, C * ch, hw, hw, device=d, dtype=dt, requires_grad=True)
+        w = torch.randn(C * ch, ch, 3, 3, device=d, dtype=dt, requires_grad=True)
+        ref = F.conv2d(xg, w, padding=1, groups=C)
+        ref.float().square().mean().backward()
+        gw, gx = w.grad.clone(), xg.grad.clone()
+        xg.grad = w.grad = None
+        _WgradBmm.apply(xg, w, C).float().square().mean().backward()
+        err = ((w.grad.float() - gw.float()).norm() / gw.float().norm()).item()
+        errx = ((xg.grad.float() - gx.float()).norm() / gx.float().norm()).item()
+        cudnn = _ms(lambda: F.conv2d(xg, w, padding=1, groups=C).float().square().mean().backward(), d, reps)
+        mine = _ms(lambda: _WgradBmm.apply(xg, w, C).float().square().mean().backward(), d, reps)
+        print(f"wgrad: C={C} B={B} {ch}ch {hw}x{hw}: cudnn grouped {cudnn:.2f} ms, wgrad-as-bmm {mine:.2f} ms "
+              f"(x{mine / cudnn:.2f}); rel. error dW {err:.1e}, dX {errx:.1e}", flush=True)
+
+
+def graphs_section(w, dev: str) -> None:
+    loop = _loop(w, dev, "reduce-overhead")
+    t = time.perf_counter()
+    loop.run_round(0)
+    print(f"graphs: reduce-overhead, first round {time.perf_counter() - t:.1f} s; runner {loop.runner.description}",
+          flush=True)
+    print(f"graphs: reduce-overhead, s/round {_rounds(loop, 1, 3):.3f} (median of 3)", flush=True)
+
+
+def main() -> int:
+    from fedlight.lab.bench import Workload
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks the script, numbers meaningless")
+    p.add_argument("--sections", default="round,conv,graphs")
+    a = p.parse_args()
+    dev = "cpu" if a.smoke else "cuda"
+    w = Workload("resnet18", clients=2 if a.smoke else 10, steps=2 if a.smoke else 50, batch=4 if a.smoke else 50)
+    sizes = ((8, 8),) if a.smoke else ((64, 32), (128, 16), (256, 8), (512, 4))
+    for s in a.sections.split(","):
+        t = time.perf_counter()
+        if s == "round":
+            round_section(w, dev)
+        elif s == "conv":
+            conv_section(w.clients, w.batch, dev, 2 if a.smoke else 20, sizes)
+        elif s == "wgrad":
+            wgrad_section(w.clients, w.batch, dev, 2 if a.smoke else 20, sizes)
+        elif s == "graphs":
+            graphs_section(w, dev)
+        print(f"[{s}: {time.perf_counter() - t:.0f} s]", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
