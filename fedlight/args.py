@@ -131,7 +131,7 @@ class LoopConfig:
     model. vmap: together, stacked along a client dimension (torch.func.vmap + functional_call; memory grows with
     the chunk); clients go together when their step count, batch sizes and state keys agree; rules that cannot run
     stacked are refused before training."""
-    vmap_chunk: int | Literal["auto"] | None = None
+    vmap_chunk: int | str | None = None  # str, not Literal["auto"]: a wrong value gets the check's message
     """Stacked runner only: at most this many clients trained together (bounds memory); null: all of a group; auto:
     as many as fit in the free memory by the model's measured per-client footprint. A chunk that runs out of memory
     is halved and redone (same numbers)."""

@@ -197,3 +197,21 @@ def test_cli_refuses_a_bogus_compile_value_with_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "`loop.compile` must be" in err and "inductor" in err and "InvalidBackend" not in err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("value", ["bogus", "0", "-2"])
+def test_cli_refuses_a_bad_vmap_chunk_with_the_valid_values(tmp_path, capsys, value):
+    """Was jsonargparse's `Parser key "loop.vmap_chunk": Given value: bogus`, naming no valid value."""
+    from pathlib import Path
+
+    from fedlight import cli
+
+    tiny = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
+    assert cli.main(["fit", "--config", tiny, "--loop.vmap_chunk", value, "--out_dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "`loop.vmap_chunk` must be a positive integer, auto or null" in err and "Given value" not in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_vmap_chunk_accepts_a_number_auto_and_null():
+    assert [LoopConfig(vmap_chunk=v).vmap_chunk for v in (3, "auto", None)] == [3, "auto", None]

@@ -50,7 +50,7 @@ def test_every_row_value_is_a_grouped_scalar(run):
     assert len(rows) == 2
     for row in rows:
         for key, value in row.items():
-            if key == "round" or isinstance(value, list):  # sampled ids, per-client entries: not scalars
+            if key == "round" or isinstance(value, (list, bool)):  # ids, per-client entries, warm_up: not scalars
                 continue
             events = {e.step: e.value for e in ea.Scalars(tag(key))}
             assert events[row["round"]] == pytest.approx(value, rel=1e-6, abs=1e-30), key
