@@ -260,7 +260,9 @@ def _local_optimizer(fabric, model, task, algorithm, loop):
         fabric.print(f"fedlight: {type(algorithm).__name__} prescribes its own local optimizer; "
                      f"{name}.configure_optimizers() is not used")
         return loop, None
-    cls, group = optimizer(model)
+    cls, group, notes = optimizer(model)
+    for note in notes:
+        fabric.print(f"fedlight: note: {note}")
     args = ", ".join(f"{k}={v}" for k, v in group.items()
                      if k in ("lr", "weight_decay") or (isinstance(v, (int, float, tuple)) and v and v is not True))
     fabric.print(f"fedlight: local optimizer from {name}.configure_optimizers(): {cls.__name__}({args}); "

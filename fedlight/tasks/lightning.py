@@ -156,18 +156,38 @@ class LightningTask(Task):
 
         return type(model).configure_optimizers is not LightningModule.configure_optimizers
 
-    def optimizer(self, model: nn.Module) -> tuple[type, dict[str, Any]]:
-        """The class and hyperparameters (first param group, ``lr`` included) of ``configure_optimizers()``."""
+    def optimizer(self, model: nn.Module) -> tuple[type, dict[str, Any], list[str]]:
+        """The class and hyperparameters (first param group, ``lr`` included) of ``configure_optimizers()``, and a
+        line for each part of its return that fedlight does not use (lr schedulers, more optimizers, more param
+        groups): a round-based federated run sets the lr per round with ``loop.lr_schedule``."""
         opt = model.configure_optimizers()
+        schedulers: list[Any] = []
         if isinstance(opt, dict):
+            schedulers = [opt["lr_scheduler"]] if opt.get("lr_scheduler") is not None else []
             opt = opt.get("optimizer")
         elif isinstance(opt, (list, tuple)):
-            opt = opt[0][0] if opt and isinstance(opt[0], (list, tuple)) else (opt[0] if opt else None)
-        if not isinstance(opt, torch.optim.Optimizer):
+            if opt and isinstance(opt[0], (list, tuple)):  # ([optimizers], [schedulers])
+                schedulers = list(opt[1]) if len(opt) > 1 else []
+                opt = list(opt[0])
+            else:
+                opt = list(opt)
+        optimizers = opt if isinstance(opt, list) else [opt]
+        first = optimizers[0] if optimizers else None
+        if not isinstance(first, torch.optim.Optimizer):
             raise ConfigError(f"{_name(model)}.configure_optimizers must return an optimizer (or a dict/list holding "
-                              f"one), got {type(opt).__name__}")
-        group = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
-        return type(opt), group
+                              f"one), got {type(first).__name__}")
+        name = f"{_name(model)}.configure_optimizers()"
+        notes = []
+        if schedulers:
+            notes.append(f"{name} returns an lr scheduler, which is not used: fedlight sets the lr once per round "
+                         "from `loop.lr_schedule` (set the schedule there)")
+        if len(optimizers) > 1:
+            notes.append(f"{name} returns {len(optimizers)} optimizers; only the first is used")
+        if len(first.param_groups) > 1:
+            notes.append(f"{name}'s optimizer has {len(first.param_groups)} param groups; the first group's "
+                         "hyperparameters apply to every parameter")
+        group = {k: v for k, v in first.param_groups[0].items() if k != "params"}
+        return type(first), group, notes
 
     def __repr__(self) -> str:
         return "LightningTask()"

@@ -101,6 +101,50 @@ def test_training_step_optimizer_and_test_step_are_the_ones_used(tmp_path, capsy
     assert 0 <= rows[-1]["train/train_acc"] <= 1  # self.log in training_step: a per-client training metric
 
 
+class LitWithScheduler(LitMLP):
+    """Returns Lightning's dict form with an lr scheduler, and two param groups."""
+
+    def configure_optimizers(self):
+        self.calls["configure_optimizers"] += 1
+        opt = torch.optim.SGD([{"params": self.net[0].parameters()}, {"params": self.net[2].parameters(), "lr": 9.0}],
+                              lr=self.lr, momentum=self.momentum)
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)}
+
+
+def test_what_configure_optimizers_returns_beyond_the_optimizer_is_named_and_the_run_is_unchanged(tmp_path, capsys):
+    """An lr scheduler and a second param group are not used: one note each, and the run is the plain LitMLP's."""
+    torch.manual_seed(0)
+    model = LitWithScheduler()
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    _fit(tmp_path, model, name="sched")
+    err = "".join(capsys.readouterr())
+    assert "returns an lr scheduler, which is not used: fedlight sets the lr once per round from " \
+           "`loop.lr_schedule`" in err
+    assert "optimizer has 2 param groups; the first group's hyperparameters apply to every parameter" in err
+    plain = LitMLP()
+    plain.load_state_dict(init)
+    _fit(tmp_path, plain, name="plain")
+    a = torch.load(tmp_path / "sched" / "final_model.pt", weights_only=True)
+    b = torch.load(tmp_path / "plain" / "final_model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+@pytest.mark.parametrize("form", ["list", "lists"])
+def test_configure_optimizers_list_forms(form):
+    from fedlight.tasks import LightningTask
+
+    class Lit(LitMLP):
+        def configure_optimizers(self):
+            a = torch.optim.SGD(self.parameters(), lr=0.3)
+            b = torch.optim.Adam(self.parameters(), lr=0.1)
+            return [a, b] if form == "list" else ([a, b], [torch.optim.lr_scheduler.StepLR(a, 1)])
+
+    cls, group, notes = LightningTask().optimizer(Lit())
+    assert (cls, group["lr"]) == (torch.optim.SGD, 0.3)
+    assert any("returns 2 optimizers; only the first is used" in n for n in notes)
+    assert any("lr scheduler" in n for n in notes) == (form == "lists")
+
+
 def test_a_rule_with_its_own_optimizer_keeps_it_and_says_so(tmp_path, capsys):
     model = LitMLP()
     _fit(tmp_path, model, algorithm=fedlight.create("local_adamw"), loop={"lr": 1e-3, "weight_decay": 0.0})
