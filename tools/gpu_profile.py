@@ -15,6 +15,8 @@ Sections, each printed as soon as it is measured (a timeout keeps what came befo
 3. ``wgrad``: the grouped convolution with its weight gradient computed as one batched matmul (the cuDNN
    grouped weight-gradient kernel is the costliest kernel of the round), against cuDNN, with the error.
 4. ``graphs``: the round compiled with ``mode="reduce-overhead"`` (CUDA graphs), s/round.
+5. ``procs``: several processes share the GPU, each training its share of the 10 clients as one compiled stacked
+   chunk, all at once after a barrier: the round-equivalent seconds (slowest process) for 1, 2 and 4 processes.
 """
 
 from __future__ import annotations
@@ -182,12 +184,46 @@ def graphs_section(w, dev: str) -> None:
     print(f"graphs: reduce-overhead, s/round {_rounds(loop, 1, 3):.3f} (median of 3)", flush=True)
 
 
+def _proc_worker(rank: int, procs: int, shape: tuple[int, int, int], dev: str, compile, barrier, out) -> None:
+    from fedlight.lab.bench import Workload
+
+    clients, steps, batch = shape
+    w = Workload("resnet18", clients=clients // procs, steps=steps, batch=batch, seed=rank)
+    loop = _loop(w, dev, compile)
+    loop.run_round(0)  # compiles
+    _sync(loop.device)
+    barrier.wait()
+    t = time.perf_counter()
+    for r in range(1, 4):
+        loop.run_round(r)
+    _sync(loop.device)
+    out.put((rank, (time.perf_counter() - t) / 3))
+
+
+def procs_section(w, dev: str, counts: tuple[int, ...], compile) -> None:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    for n in counts:
+        barrier, out = ctx.Barrier(n), ctx.Queue()
+        ps = [ctx.Process(target=_proc_worker, args=(i, n, (w.clients, w.steps, w.batch), dev, compile, barrier, out))
+              for i in range(n)]
+        for p in ps:
+            p.start()
+        times = sorted(out.get(timeout=600)[1] for _ in ps)
+        for p in ps:
+            p.join()
+        print(f"procs: {n} process(es) x {w.clients // n} stacked clients: round-equivalent {times[-1]:.3f} s "
+              f"(per process {', '.join(f'{t:.3f}' for t in times)})", flush=True)
+
+
 def main() -> int:
     from fedlight.lab.bench import Workload
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks the script, numbers meaningless")
     p.add_argument("--sections", default="round,conv,graphs")
+    p.add_argument("--procs", default="1,2,4", help="procs section: process counts to try")
     a = p.parse_args()
     dev = "cpu" if a.smoke else "cuda"
     w = Workload("resnet18", clients=2 if a.smoke else 10, steps=2 if a.smoke else 50, batch=4 if a.smoke else 50)
@@ -202,6 +238,8 @@ def main() -> int:
             wgrad_section(w.clients, w.batch, dev, 2 if a.smoke else 20, sizes)
         elif s == "graphs":
             graphs_section(w, dev)
+        elif s == "procs":
+            procs_section(w, dev, tuple(int(n) for n in a.procs.split(",")), False if a.smoke else True)
         print(f"[{s}: {time.perf_counter() - t:.0f} s]", flush=True)
     return 0
 
