@@ -78,3 +78,22 @@ def test_cli_table_resolves_fedlight_bench():
     from fedlight import cli
 
     assert "bench" in cli.USAGE and cli.command("bench") is bench.cmd_bench
+
+
+def test_gpu_busy_counts_each_kernel_once():
+    """The profiler lists a kernel as its own event and again inside its launching CPU operator's device total;
+    the bench's GPU-busy seconds must be the kernels' durations alone (the first H100 run printed twice that)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from fedlight.lab.bench_gpu import kernel_seconds
+
+    def event(kind, us):
+        return SimpleNamespace(device_type=kind, name="k", time_range=SimpleNamespace(elapsed_us=lambda: us),
+                               device_time_total=us)
+
+    prof = SimpleNamespace(events=lambda: [event(DeviceType.CPU, 30.0), event(DeviceType.CUDA, 30.0),
+                                           event(DeviceType.CUDA, 12.0)])
+    busy, kernels = kernel_seconds(prof)
+    assert busy == pytest.approx(42e-6) and len(kernels) == 2
