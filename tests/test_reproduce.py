@@ -282,3 +282,50 @@ def test_report_writes_table_csv_and_plot(tmp_path, capsys):
     check_png(tmp_path / "rep" / "curves.png")
     assert "wrote" in capsys.readouterr().out
     assert main(["report", str(tmp_path / "nothing"), "--out", str(tmp_path / "rep2")]) == 2
+
+
+def test_previous_table_fills_seeds_whose_runs_are_gone(tmp_path, capsys):
+    """--previous: a table rebuilt after some run folders were lost (another machine, a cleaned disk) takes those
+    seeds' values from the earlier table.csv, counts them in the header and keeps each seed's revision; a run
+    finished here always wins over the earlier value; a wrong file is refused before anything runs."""
+    spec, out = write_spec(tmp_path / "quick.yaml"), tmp_path / "out"
+    accs = {("fedavg", 0): [0.30, 0.40], ("fedavg", 1): [0.35, 0.50], ("fedprox", 0): [0.20, 0.45],
+            ("fedprox", 1): [0.25, 0.55]}
+    for (row, seed), a in accs.items():
+        fake_run(out / row / "synthetic" / f"seed{seed}", a, versions={"git_revision": f"rev-{row}{seed}"})
+    base = ["reproduce", str(spec), "--seeds", "2", "--out", str(out), "--table-only"]
+    assert main(base) == 0
+    first = {(r["cell"], r["metric"]): r for r in csv.DictReader((out / "table.csv").open())}
+    assert json.loads(first[("fedprox/synthetic", "final_test_acc")]["values"]) == pytest.approx([45.0, 55.0])
+    assert json.loads(first[("fedprox/synthetic", "final_test_acc")]["revisions"]) == ["rev-fedprox0", "rev-fedprox1"]
+    earlier = tmp_path / "earlier.csv"
+    earlier.write_text((out / "table.csv").read_text())
+
+    import shutil
+    shutil.rmtree(out / "fedprox" / "synthetic" / "seed1")
+    assert main(base) == 0
+    lost = {(r["cell"], r["metric"]): r for r in csv.DictReader((out / "table.csv").open())}
+    assert json.loads(lost[("fedprox/synthetic", "final_test_acc")]["values"])[1] == "missing"
+
+    assert main([*base, "--previous", str(earlier)]) == 0
+    again = {(r["cell"], r["metric"]): r for r in csv.DictReader((out / "table.csv").open())}
+    for key, row in first.items():  # every number is back, the mean ± std too
+        assert (again[key]["values"], again[key]["mean"], again[key]["std"], again[key]["n"]) == \
+            (row["values"], row["mean"], row["std"], row["n"]), key
+    assert json.loads(again[("fedprox/synthetic", "final_test_acc")]["revisions"]) == ["rev-fedprox0", "rev-fedprox1"]
+    md = (out / "table.md").read_text()
+    assert f"Earlier values: 1 of 4 runs' values come from `{earlier}`" in md and "rev-fedprox1" in md
+
+    # A run finished here wins: the earlier table's (altered) value for fedavg seed 0 is not used.
+    text = earlier.read_text().replace("40.00000000000001", "99.0").replace("40.0,", "99.0,")
+    assert "99.0" in text
+    earlier.write_text(text)
+    assert main([*base, "--previous", str(earlier)]) == 0
+    rows = {(r["cell"], r["metric"]): r for r in csv.DictReader((out / "table.csv").open())}
+    assert json.loads(rows[("fedavg/synthetic", "final_test_acc")]["values"])[0] == pytest.approx(40.0)
+
+    capsys.readouterr()
+    assert main([*base, "--previous", str(tmp_path / "nope.csv")]) == 2
+    assert "--previous" in capsys.readouterr().err
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    assert main([*base, "--previous", str(tmp_path / "other.csv")]) == 2

@@ -431,14 +431,17 @@ def _gap_fields(g: dict[str, Any] | None) -> list[str]:
 
 
 def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Path]], seeds: list[int], out: Path,
-                command: str, shrink: str | None, jobs: int) -> str:
+                command: str, shrink: str | None, jobs: int, previous: str | None = None) -> str:
     """``fedlight reproduce``'s output: ``table.md``, ``table.csv`` and ``curves*.png`` (one figure per column that
     has its own runs, one line per row). ``cs``: the table's cells (``reproduce.Cell`` with their values filled);
-    ``done``: (cell, run folder) of every finished run."""
+    ``done``: (cell, run folder) of every finished run; ``previous``: the earlier table.csv some seeds' values were
+    taken from (``Cell.earlier`` counts them)."""
     from fedlight.run.files import atomic_write_text, git_revision
 
     runs = [path for _, path in done]
-    revs = sorted({str(((read_summary(r) or {}).get("versions") or {}).get("git_revision")) for r in runs})
+    revs = sorted({str(((read_summary(r) or {}).get("versions") or {}).get("git_revision")) for r in runs} |
+                  {v for c in cs for v in c.revisions if v not in ("missing", "earlier")})
+    borrowed = sum(c.earlier for c in cs)
     rounds = sorted({(read_summary(r) or {}).get("rounds_completed") for r in runs} - {None})
     lines = [f"# {spec['title']}", "",
              f"- Spec: `{spec_path}` · base recipe `{spec['base']}`",
@@ -448,7 +451,11 @@ def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Pat
              f"{', '.join(map(str, rounds)) or '-'} · shrink: {shrink or 'none (full scale)'} · jobs: {jobs}",
              f"- Hardware: {hardware(runs)}",
              f"- fedlight revision: {git_revision()} (runs made at: {', '.join(revs) or '-'})",
-             f"- Command: `{command}`", f"- Run directories under `{out}`", "",
+             f"- Command: `{command}`", f"- Run directories under `{out}`"]
+    if previous:
+        lines.append(f"- Earlier values: {borrowed} of {sum(len(c.revisions) for c in cs)} runs' values come from "
+                     f"`{previous}` (an earlier table of this spec; their run directories are not under `{out}`)")
+    lines += ["",
              "## How this differs from the paper", "", str(spec.get("notes", "")).strip() or "-", ""]
     cols = list(dict.fromkeys(c.col for c in cs))
     lines += ["## Measured / paper", "", f"| | {' | '.join(cols)} |", f"|---|{'---:|' * len(cols)}"]
@@ -467,7 +474,7 @@ def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Pat
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["cell", "row", "column", "metric", "paper", "mean", "std", "n", "difference", "values", "run_dir",
-                "baseline_gap", "baseline_pairs", "paper_gap", "same_sign_as_paper"])
+                "baseline_gap", "baseline_pairs", "paper_gap", "same_sign_as_paper", "revisions"])
     for c in cs:
         for m in [c.metric, *spec.get("also", [])]:
             s, p = stats(m, c.values[m]), paper_value(spec, c) if m == c.metric else None
@@ -478,7 +485,8 @@ def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Pat
             lines.append(f"| {c.name} | {m} | {'-' if p is None else p} | {s['text']} | {d} | `{run_dir}` |")
             w.writerow([c.name, c.row, c.col, m, "" if p is None else p, "" if s["mean"] is None else repr(s["mean"]),
                         "" if s["std"] is None else repr(s["std"]), s["n"], "" if diff is None else repr(diff),
-                        json.dumps(c.values[m]), str(run_dir), *_gap_fields(gaps.get((c.name, m)))])
+                        json.dumps(c.values[m]), str(run_dir), *_gap_fields(gaps.get((c.name, m))),
+                        json.dumps(c.revisions)])
     atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
     atomic_write_text(out / "table.csv", buf.getvalue())
     figures: dict[str, dict[str, list[Path]]] = {}

@@ -31,6 +31,7 @@ with ``--resume auto`` on preemption or time-out. Either way each run folder kee
 from __future__ import annotations
 
 import argparse
+import csv
 import fnmatch
 import json
 import os
@@ -64,6 +65,8 @@ class Cell:
     run_key: str  # runs live in OUT/<run_key>/seed<k>, run_key = <row>/<column>
     values: dict[str, list] = field(default_factory=dict)  # metric -> per-seed value (None: not reached)
     diverged: int = 0  # seeds whose run stopped on a non-finite model (their values are the last good round's)
+    revisions: list = field(default_factory=list)  # per seed: git revision of its run, "missing", or "earlier"
+    earlier: int = 0  # seeds whose values come from an earlier table.csv (``--previous``), not a run under --out
 
     @property
     def name(self) -> str:
@@ -360,13 +363,36 @@ def run_all(runs: list[Run], jobs: int, slots: list[str] | None = None) -> dict[
 
 
 # ------------------------------------------------------------------------------------------------ the table
-def collect(spec, runs: list[Run]) -> None:
-    """Fill each cell's per-seed values ("missing" where the seed's run is not finished)."""
+def previous_values(path: Path) -> dict[tuple[str, str], tuple[list, list]]:
+    """(cell, metric) -> (per-seed values, per-seed revisions) of an earlier ``table.csv`` of the same spec."""
+    check(path.is_file(), f"--previous {path}: no such file; pass an earlier table.csv of this spec")
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    check(bool(rows) and "values" in rows[0], f"--previous {path}: not a `fedlight reproduce` table.csv (it has no "
+          "`values` column); pass the table.csv an earlier `fedlight reproduce` wrote")
+    return {(r["cell"], r["metric"]): (json.loads(r["values"]), json.loads(r["revisions"]) if r.get("revisions")
+                                       else []) for r in rows}
+
+
+def collect(spec, runs: list[Run], previous: dict[tuple[str, str], tuple[list, list]] | None = None) -> None:
+    """Fill each cell's per-seed values ("missing" where the seed's run is not finished). With ``previous``
+    (:func:`previous_values`), a seed whose run is not finished here takes the earlier table's value, if it has one;
+    a finished run here always wins."""
     for r in runs:
         ok = r.done()
         r.cell.diverged += ok and (rep.read_summary(r.path) or {}).get("diverged_at_round") is not None
-        for m in [r.cell.metric, *spec.get("also", [])]:
-            r.cell.values.setdefault(m, []).append(rep.metric_value(r.path, m) if ok else "missing")
+        metrics = [r.cell.metric, *spec.get("also", [])]
+        vals = {m: rep.metric_value(r.path, m) if ok else "missing" for m in metrics}
+        rev = str(((rep.read_summary(r.path) or {}).get("versions") or {}).get("git_revision")) if ok else "missing"
+        old = [(previous or {}).get((r.cell.name, m), ([], [])) for m in metrics]
+        if not ok and all(r.seed < len(v) and v[r.seed] != "missing" for v, _ in old) and previous:
+            vals = {m: v[r.seed] for m, (v, _) in zip(metrics, old)}
+            revs = old[0][1]
+            rev = revs[r.seed] if r.seed < len(revs) and revs[r.seed] != "missing" else "earlier"
+            r.cell.earlier += 1
+        for m in metrics:
+            r.cell.values.setdefault(m, []).append(vals[m])
+        r.cell.revisions.append(rev)
 
 
 # ------------------------------------------------------------------------------------------------ the command
@@ -389,6 +415,9 @@ def cmd_reproduce(argv: list[str]) -> int:
                    "run may resume with other ones")
     p.add_argument("--dry-run", action="store_true", help="print the fit commands and stop")
     p.add_argument("--table-only", action="store_true", help="run nothing; rebuild table.md/csv from finished runs")
+    p.add_argument("--previous", default=None, metavar="TABLE_CSV", help="fill each seed whose run is not under "
+                   "--out with its values in an earlier table.csv of this spec (e.g. the committed one, when the run "
+                   "folders are gone); a run finished here always wins, and the table counts the borrowed seeds")
     p.add_argument("--status", action="store_true", help="print where every run stands (not started, pending, "
                    "running, stopped, done, failed with the last line of its fit.log) and stop")
     _cluster_arguments(p)
@@ -400,6 +429,7 @@ def cmd_reproduce(argv: list[str]) -> int:
     seeds = list(range(a.seeds if a.seeds is not None else int(spec.get("seeds", 1))))
     check(len(seeds) > 0 and a.jobs > 0, "`--seeds` and `--jobs` must be positive")
     out = Path(a.out) if a.out else default_out(spec_path, a.shrink)
+    previous = previous_values(Path(a.previous)) if a.previous else None
     every = cells(spec)
     pats = [s.strip() for s in a.cells.split(",") if s.strip()]
     todo = [c for c in every if any(fnmatch.fnmatchcase(c.name, pt) for pt in pats)]
@@ -415,11 +445,11 @@ def cmd_reproduce(argv: list[str]) -> int:
     # The table holds the chosen cells and any other cell of the spec that already has a finished run.
     keep = {id(r.cell) for r in chosen} | {id(r.cell) for r in runs if r.done()}
     shown = [r for r in runs if id(r.cell) in keep]
-    collect(spec, shown)
+    collect(spec, shown, previous)
     cs = list({id(r.cell): r.cell for r in shown}.values())
     done = list({r.path: (r.cell, r.path) for r in shown if r.done()}.values())
     command = shlex.join(["fedlight", "reproduce", *argv])
-    print(rep.write_table(spec, spec_path, cs, done, seeds, out, command, a.shrink, a.jobs))
+    print(rep.write_table(spec, spec_path, cs, done, seeds, out, command, a.shrink, a.jobs, a.previous))
     print(f"\nwrote {out / 'table.md'} and {out / 'table.csv'}")
     return 1 if counts.get("failed") or counts.get("conflict") or counts.get("stopped") else 0
 
