@@ -61,6 +61,11 @@ def read_summary(run: Path) -> dict[str, Any] | None:
     return json.loads(f.read_text()) if f.is_file() else None
 
 
+def revision(summary: dict[str, Any] | None) -> str | None:
+    """The fedlight git revision a run's ``summary.json`` recorded (None: no summary, or not a git checkout)."""
+    return ((summary or {}).get("versions") or {}).get("git_revision")
+
+
 def finished(run: Path) -> bool:
     """A run is finished when ``summary.json`` reports all the rounds its ``config.yaml`` asked for (or that it
     stopped for good: ``diverged_at_round``)."""
@@ -294,7 +299,7 @@ def run_rows(runs: list[Path]) -> list[dict[str, Any]]:
             "best_round": s["best_round"] if s else None,
             "final_train_loss": s["final_train_loss"] if s else (curve[-1].get("train_loss") if curve else None),
             "seconds_per_round": s["seconds_per_round"] if s else None,
-            "git_revision": ((s or {}).get("versions") or {}).get("git_revision"), "path": str(run),
+            "git_revision": revision(s), "path": str(run),
         })
     return rows
 
@@ -439,8 +444,7 @@ def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Pat
     from fedlight.run.files import atomic_write_text, git_revision
 
     runs = [path for _, path in done]
-    revs = sorted({str(((read_summary(r) or {}).get("versions") or {}).get("git_revision")) for r in runs} |
-                  {v for c in cs for v in c.revisions if v not in ("missing", "earlier")})
+    revs = sorted({v for c in cs for v in c.revisions} - {"missing", "earlier"})
     borrowed = sum(c.earlier for c in cs)
     rounds = sorted({(read_summary(r) or {}).get("rounds_completed") for r in runs} - {None})
     lines = [f"# {spec['title']}", "",

@@ -380,12 +380,13 @@ def collect(spec, runs: list[Run], previous: dict[tuple[str, str], tuple[list, l
     a finished run here always wins."""
     for r in runs:
         ok = r.done()
-        r.cell.diverged += ok and (rep.read_summary(r.path) or {}).get("diverged_at_round") is not None
+        summary = rep.read_summary(r.path) if ok else None
+        r.cell.diverged += ok and (summary or {}).get("diverged_at_round") is not None
         metrics = [r.cell.metric, *spec.get("also", [])]
         vals = {m: rep.metric_value(r.path, m) if ok else "missing" for m in metrics}
-        rev = str(((rep.read_summary(r.path) or {}).get("versions") or {}).get("git_revision")) if ok else "missing"
+        rev = str(rep.revision(summary)) if ok else "missing"
         old = [(previous or {}).get((r.cell.name, m), ([], [])) for m in metrics]
-        if not ok and all(r.seed < len(v) and v[r.seed] != "missing" for v, _ in old) and previous:
+        if previous and not ok and all(r.seed < len(v) and v[r.seed] != "missing" for v, _ in old):
             vals = {m: v[r.seed] for m, (v, _) in zip(metrics, old)}
             revs = old[0][1]
             rev = revs[r.seed] if r.seed < len(revs) and revs[r.seed] != "missing" else "earlier"
