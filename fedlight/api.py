@@ -94,12 +94,13 @@ def fit(
     _agree(fabric, record.acquire)
     refused = True
     try:
-        runner = _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_path, defining, precision)
-        _annotate(record, runner, ckpt, defining, execution, seed)
+        driver = _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_path, defining, precision,
+                          record)
+        _annotate(record, driver.loop, ckpt, defining, execution, seed)
         refused = False
         record.open(text, data, overwrite=overwrite and ckpt is None, fresh=ckpt is None)
         with stops.stop_signals(), stops.disk_guard(record):  # clean stops on signals and failed writes
-            return runner.fit(record)
+            return driver.fit()
     finally:
         record.close(refused=refused)
 
@@ -114,12 +115,12 @@ def _checkpoint(out: Path, resume: str | None, overwrite: bool, defining: dict[s
     return ckpt_path, ckpt, overwrite
 
 
-def _annotate(record: RunRecord, runner, ckpt, defining: dict[str, Any], execution: dict[str, Any], seed: int) -> None:
+def _annotate(record: RunRecord, loop, ckpt, defining: dict[str, Any], execution: dict[str, Any], seed: int) -> None:
     """What the run record adds to the summary: settings, segments, hyperparameters."""
     record.extra = {"settings": json.dumps(defining, default=str)}
-    record.segments = _segments(ckpt, runner.start_round if ckpt else 0, execution)
-    record.hparams = _hparams(runner.algorithm, runner.cfg, seed)
-    if runner.fabric.global_rank == 0:
+    record.segments = _segments(ckpt, loop.state.rounds_done, execution)
+    record.hparams = _hparams(loop.algorithm, loop.cfg, seed)
+    if loop.fabric.global_rank == 0:
         print(f"fedlight: run directory {record.out}", file=sys.stderr, flush=True)
 
 
@@ -178,12 +179,15 @@ def _check_args(algorithm, data, loop: LoopConfig, devices: int, num_nodes: int)
     world = devices * num_nodes if isinstance(devices, int) and isinstance(num_nodes, int) else 1
     check(isinstance(devices, int) and devices > 0, f"`devices` must be a positive integer, got {devices!r}")
     check(isinstance(num_nodes, int) and num_nodes > 0, f"`num_nodes` must be a positive integer, got {num_nodes!r}")
-    n = getattr(data, "num_clients", None)
-    if n is not None:
-        check(loop.clients_per_round <= n,
-              f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({n})")
+    _check_clients(loop, getattr(data, "num_clients", None))  # again after data.setup when unknown here
     check(loop.clients_per_round >= world, f"`loop.clients_per_round` ({loop.clients_per_round}) must be at least "
           f"the number of processes (devices × num_nodes = {world})")
+
+
+def _check_clients(loop: LoopConfig, num_clients: int | None) -> None:
+    if num_clients is not None:
+        check(loop.clients_per_round <= num_clients,
+              f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({num_clients})")
 
 
 def _agree(fabric, step) -> None:
@@ -199,29 +203,28 @@ def _agree(fabric, step) -> None:
         raise ConfigError(error)
 
 
-def _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_path, defining, precision):
-    """Data, task, the loop, the probe of one batch and the resume checks: everything that may refuse the run,
+def _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_path, defining, precision, record):
+    """Data, task, the loop, the probe of one batch and the resume check: everything that may refuse the run,
     before any file is written."""
     import torch
 
+    from fedlight.fitting import FitDriver
     from fedlight.loop import FederatedLoop
     from fedlight.tasks import resolve_task
 
     data.input_dtype = torch.float64 if precision == "64-true" else torch.float32  # float64 data keeps its precision
     with fabric.rank_zero_first():
         data.setup(fabric.device, seed)
-    check(loop.clients_per_round <= data.num_clients,
-          f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({data.num_clients})")
+    _check_clients(loop, data.num_clients)
     task = resolve_task(task, model, data)  # set up by the loop, with the data
     loop, optimizer = _local_optimizer(fabric, model, task, algorithm, loop)
-    runner = FederatedLoop(fabric, model, data, algorithm, loop, seed, out, task=task, optimizer=optimizer)
-    runner.probe()  # one batch through model + task: a mismatch is refused before round 1
+    driver = FitDriver(FederatedLoop(fabric, model, data, algorithm, loop, seed, out, task, optimizer), record)
+    driver.probe()  # one batch through model + task: a mismatch is refused before round 1
     _check_targets(task, loop)  # after the probe: a LightningModule's headline is known only then
-    runner.store.use_folder(out / "client_state" / f"rank{fabric.global_rank}")  # unchanged states: never rewritten
+    driver.loop.store.use_folder(out / "client_state" / f"rank{fabric.global_rank}")  # unchanged: never rewritten
     if ckpt is not None:
-        _check_resume(runner, ckpt, ckpt_path, defining)
-        runner.load(ckpt)
-    return runner
+        driver.resume(ckpt, ckpt_path, defining)
+    return driver
 
 
 def _check_targets(task, loop) -> None:
@@ -230,18 +233,6 @@ def _check_targets(task, loop) -> None:
     if is_fraction(task.headline_key):
         check(all(0 < t <= 1 for t in loop.targets), f"`loop.targets` are values of {task.headline_key}, a fraction: "
               f"they must be in (0, 1], got {loop.targets} (write 0.7 for 70 %)")
-
-
-def _check_resume(runner, ckpt, ckpt_path, defining) -> None:
-    from fedlight.run.files import meta_differences
-
-    problems = meta_differences(ckpt["meta"], runner.meta())
-    if not problems and ckpt.get("settings"):
-        problems = differences(json.loads(ckpt["settings"]), defining)
-    if problems:
-        raise ConfigError(f"`resume` checkpoint {ckpt_path} does not match this run: {'; '.join(problems)}. "
-                          "Resume with the settings it was trained with, or start a new run (another "
-                          "`--out_dir`, or `--overwrite true` without `--resume`)")
 
 
 def _local_optimizer(fabric, model, task, algorithm, loop):

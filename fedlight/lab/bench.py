@@ -191,7 +191,7 @@ def fedlight_loop(model: nn.Module, clients, w: Workload, accelerator: str = "cp
                   algorithm: str = "fedavg", out_dir: str | None = None, data=None, parallelism: str = "sequential",
                   task=None, **loop_kwargs):
     """A real :class:`FederatedLoop` (FedAvg by default) on ``TensorClients`` holding the same tensors (or on
-    ``data``, trained for ``task``; default classification)."""
+    ``data``, trained for ``task``; default the data's own, ``data.default_task()``)."""
     import lightning as L
 
     import fedlight
@@ -207,7 +207,8 @@ def fedlight_loop(model: nn.Module, clients, w: Workload, accelerator: str = "cp
                      weight_decay=w.weight_decay, max_grad_norm=w.max_grad_norm, progress=False,
                      client_parallelism=parallelism, **loop_kwargs)
     out = Path(out_dir or tempfile.mkdtemp(prefix="fedlight-bench-"))
-    return FederatedLoop(fabric, model, data, fedlight.create(algorithm), cfg, w.seed, out, task=task)
+    task = task if task is not None else data.default_task()
+    return FederatedLoop(fabric, model, data, fedlight.create(algorithm), cfg, w.seed, out, task)
 
 
 def _timed(fn, device: torch.device) -> tuple[float, float]:

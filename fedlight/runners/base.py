@@ -36,9 +36,9 @@ class TrainSetup:
     max_grad_norm: float | None
     weight_decay: float
     seed: int
-    task: Any = None
-    """The run's :class:`~fedlight.tasks.Task`: its client objective becomes ``ctx.objective``; ``None`` keeps
-    the context's default (cross-entropy)."""
+    task: Any
+    """The run's :class:`~fedlight.tasks.Task`: its client objective becomes ``ctx.objective`` (required: the
+    engine has no default task)."""
 
     @property
     def device(self) -> torch.device:
@@ -104,8 +104,7 @@ def context(setup: TrainSetup, job: ClientJob, info: RoundInfo, params: Params, 
     ctx = cls(broadcast=job.broadcast, optimizer=optimizer, lr=info.lr, num_steps=job.num_steps, params=params,
               client_id=job.client_id, round=info.round, state=state, max_grad_norm=setup.max_grad_norm,
               fabric=setup.fabric, weight_decay=setup.weight_decay, **extra)
-    if setup.task is not None:
-        ctx.objective = setup.task.client_objective(ctx)
+    ctx.objective = setup.task.client_objective(ctx)
     return ctx
 
 

@@ -19,6 +19,7 @@ different masks per client, so models with dropout are statistically, not bitwis
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -32,6 +33,7 @@ from torch.func import functional_call, vmap
 from torch.nn.utils.stateless import _reparametrize_module
 
 from fedlight import params as P
+from fedlight import precision as precisions
 from fedlight.args import COMPILE_MODES
 from fedlight.errors import ConfigError
 from fedlight.params import Params
@@ -321,10 +323,8 @@ class StackedRunner:
         """``loop.vmap_chunk: auto``: clients per chunk from the free memory and one client's measured footprint."""
         s, job = self.setup, jobs[0]
         batch = next(iter(job.batches()))
-        objective = LocalContext.__dataclass_fields__["objective"].default
-        if s.fabric is not None and s.fabric.strategy.precision is not None:
-            batch = s.fabric.strategy.precision.convert_input(batch)
-        per_client = client_footprint(s.model, batch, objective, tree_bytes(job.state))
+        per_client = client_footprint(s.model, batch, functools.partial(precisions.forward, s.fabric, s.task.objective),
+                                      tree_bytes(job.state))
         free = free_bytes(s.device)
         chunk = auto_chunk(free, per_client, len(jobs))
         say(s, f"fedlight: loop.vmap_chunk auto: {chunk} clients per chunk ({free / 2**20:.0f} MiB free, "

@@ -6,7 +6,18 @@ checkpoint resume and argument validation."""
 import numpy as np
 import pytest
 import torch
-from fedtest import assert_params_close, grad, lin, linear_model, make_loop, norm, problem, run_rounds
+from fedtest import (
+    assert_params_close,
+    grad,
+    lin,
+    linear_model,
+    make_loop,
+    norm,
+    problem,
+    resume,
+    run_rounds,
+    save_checkpoint,
+)
 from torch import nn
 
 import fedlight
@@ -154,9 +165,9 @@ def test_checkpoint_resume_keeps_buffers(tmp_path):
     first = mk(tmp_path / "b")
     for r in range(2):
         first.run_round(r)
-    first.save(2)
+    save_checkpoint(first, first.out_dir)
     resumed = mk(tmp_path / "c")
-    resumed.load(tmp_path / "b" / "checkpoints" / "last.ckpt")
+    resume(resumed, tmp_path / "b" / "checkpoints" / "last.ckpt")
     for r in (2, 3):
         resumed.run_round(r)
     got = np_params(resumed.x)

@@ -5,7 +5,19 @@ matches what is sent; argument ranges are validated."""
 
 import numpy as np
 import pytest
-from fedtest import assert_params_close, grad, lin, linear_model, make_loop, mean, norm, problem, run_rounds
+from fedtest import (
+    assert_params_close,
+    grad,
+    lin,
+    linear_model,
+    make_loop,
+    mean,
+    norm,
+    problem,
+    resume,
+    run_rounds,
+    save_checkpoint,
+)
 
 import fedlight
 from fedlight.errors import ConfigError
@@ -304,9 +316,9 @@ def test_fedwmsam_checkpoint_resume_is_bitwise(tmp_path):
     want = run_rounds(full, 3)
     first = mk(tmp_path / "b")
     first.run_round(0)
-    first.save(1)
+    save_checkpoint(first, first.out_dir)
     resumed = mk(tmp_path / "c")
-    resumed.load(tmp_path / "b" / "checkpoints" / "last.ckpt")
+    resume(resumed, tmp_path / "b" / "checkpoints" / "last.ckpt")
     for r in (1, 2):
         resumed.run_round(r)
     got = np_params(resumed.x)

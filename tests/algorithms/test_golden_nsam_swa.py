@@ -5,7 +5,21 @@ including server momentum, control variates and per-client state. The derivation
 import numpy as np
 import pytest
 import torch
-from fedtest import assert_params_close, grad, lin, linear_model, make_loop, mean, norm, problem, run_rounds, sub, zeros
+from fedtest import (
+    assert_params_close,
+    grad,
+    lin,
+    linear_model,
+    make_loop,
+    mean,
+    norm,
+    problem,
+    resume,
+    run_rounds,
+    save_checkpoint,
+    sub,
+    zeros,
+)
 
 import fedlight
 from fedlight.errors import ConfigError
@@ -284,10 +298,10 @@ def test_resume_is_bitwise(name, kw, tmp_path):
     opts = dict(local_steps=K, lr=LR, clients_per_round=2)
     a = make_loop(fedlight.create(name, **kw), clients, linear_model(theta), out_dir=tmp_path / "a", **opts)
     a.run_round(0)
-    a.save(1)
+    save_checkpoint(a, a.out_dir)
     a.run_round(1)
     b = make_loop(fedlight.create(name, **kw), clients, linear_model(theta), out_dir=tmp_path / "b", **opts)
-    b.load(tmp_path / "a" / "checkpoints" / "last.ckpt")
+    resume(b, tmp_path / "a" / "checkpoints" / "last.ckpt")
     b.run_round(1)
     for k in a.x:
         assert torch.equal(a.x[k], b.x[k])

@@ -186,7 +186,7 @@ def test_snapshot_is_a_private_copy(tmp_path):
     clients, theta = problem()
     loop = make_loop(fedlight.create("fedavg"), clients, linear_model(theta), out_dir=tmp_path)
     loop.run_round(0)
-    snap = loop.checkpoint_state(1)
+    snap = loop.state.snapshot()
     before = {k: v.clone() for k, v in snap["params"].items()}
     for v in loop.x.values():
         v.add_(1.0)
