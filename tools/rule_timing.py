@@ -17,9 +17,9 @@ import lightning as L
 import torch
 
 import fedlight
-from fedlight.args import LoopConfig
+from fedlight.config.args import LoopConfig
 from fedlight.data import TensorClients
-from fedlight.loop import FederatedLoop
+from fedlight.engine.loop import FederatedLoop
 from fedlight.models import MLP
 
 

@@ -1,27 +1,71 @@
-"""``fit``: the Python entry point. Its typed signature is the recipe schema (the CLI is generated from it)."""
+"""``fit``: the Python entry point. Its typed signature is the recipe schema (the CLI is generated from it).
+
+``fit`` resolves a :class:`Plan` (model, data, rule, task, settings, run directory, the checkpoint to resume), then
+builds the engine — :class:`~fedlight.engine.loop.FederatedLoop` inside a :class:`~fedlight.engine.driver.FitDriver`
+— refuses what does not fit before any file is written, and runs it.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lightning as L
+import torch
 from lightning.pytorch import LightningDataModule
 from torch import nn
 
-from fedlight.args import LoopConfig
+from fedlight.algorithms import FedAvg
+from fedlight.config import resume as resumes
+from fedlight.config import settings as recorded
+from fedlight.config.advice import check_scales
+from fedlight.config.args import LoopConfig
+from fedlight.config.spec import build, describe
+from fedlight.core.rules import Algorithm, LocalUpdateRule
 from fedlight.data import FederatedDataModule, as_federated
+from fedlight.engine.driver import FitDriver
+from fedlight.engine.loop import FederatedLoop
 from fedlight.errors import ConfigError, check
-from fedlight.rules import Algorithm
 from fedlight.run import stops
-from fedlight.run.directory import LOCK_NAME, check_out_dir, differences, settings_hash, split_settings
-from fedlight.run.files import load_checkpoint
-from fedlight.run.record import RUN_FILES, RunRecord
-from fedlight.spec import describe
-from fedlight.tasks import Task
+from fedlight.run.directory import settings_hash, split_settings
+from fedlight.run.files import is_fraction
+from fedlight.run.record import RunRecord
+from fedlight.tasks import Task, resolve_task
 
 PRECISIONS = ("32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed")
+
+
+@dataclass
+class Plan:
+    """What ``fit`` resolved before the engine is built: the parts, the settings, where the run lives and the
+    checkpoint it continues from."""
+
+    model: nn.Module
+    data: FederatedDataModule
+    algorithm: Algorithm
+    task: Task | None
+    """As given (``None``: resolved with the data, see :func:`~fedlight.tasks.resolve_task`)."""
+    loop: LoopConfig
+    seed: int
+    accelerator: str
+    precision: str
+    text: str
+    """The resolved recipe (``config.yaml``)."""
+    defining: dict[str, Any]
+    """Settings that define the run (hashed into the default directory name; a resume must agree on them)."""
+    execution: dict[str, Any]
+    """Settings that may change between segments of a run."""
+    out: Path
+    ckpt_path: Path | None = None
+    ckpt: dict[str, Any] | None = None
+    clear: bool = False
+    """Clear ``out`` before the first write (``--overwrite``, or a failed start's directory)."""
 
 
 def fit(
@@ -79,54 +123,49 @@ def fit(
         fedlight.run.stops.RunDirError: a write to ``out_dir`` failed during the run; the message names the file and
             the last complete checkpoint.
     """
-    algorithm = algorithm if algorithm is not None else _default_algorithm()
-    data = as_federated(data)
-    _check_args(algorithm, data, loop, devices, num_nodes)
-    accelerator, precision = _resolve_device(accelerator, precision, algorithm)
-    model, text = _model_and_config(model, data, algorithm, task, loop, seed, precision, _config_text)
-    defining, execution = split_settings(_settings(text, precision))
-    out = Path(out_dir) if out_dir else Path("runs") / f"{_default_name(algorithm, model, data, seed)}-" \
-        f"{settings_hash(defining)}"
-    ckpt_path, ckpt, overwrite = _checkpoint(out, resume, overwrite, defining)
-    fabric = _fabric(accelerator, devices, num_nodes, precision)
-    record = RunRecord(out, rank0=fabric.global_rank == 0, rounds=loop.rounds, progress=loop.progress,
-                       hint=_lr_hint(algorithm, loop))
+    plan = _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, _config_text,
+                 (devices, num_nodes))
+    plan.ckpt_path, plan.ckpt, plan.clear = resumes.start(plan.out, resume, overwrite, plan.defining)
+    fabric = _fabric(plan.accelerator, devices, num_nodes, plan.precision)
+    record = RunRecord(plan.out, rank0=fabric.global_rank == 0, rounds=loop.rounds, progress=loop.progress,
+                       hint=recorded.lr_hint(plan.algorithm, loop))
     _agree(fabric, record.acquire)
     refused = True
     try:
-        driver = _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_path, defining, precision,
-                          record)
-        _annotate(record, driver.loop, ckpt, defining, execution, seed)
+        driver = _prepare(fabric, plan, record)
+        _annotate(record, driver.loop, plan)
         refused = False
-        record.open(text, data, overwrite=overwrite and ckpt is None, fresh=ckpt is None)
+        record.open(plan.text, plan.data, overwrite=plan.clear and plan.ckpt is None, fresh=plan.ckpt is None)
         with stops.stop_signals(), stops.disk_guard(record):  # clean stops on signals and failed writes
             return driver.fit()
     finally:
         record.close(refused=refused)
 
 
-def _checkpoint(out: Path, resume: str | None, overwrite: bool, defining: dict[str, Any]):
-    """The checkpoint a resume continues from (path and contents; ``None`` for a fresh run), after checking that
-    ``out`` may be used, and whether to clear it (a failed start's directory is reused)."""
-    check_out_dir(out)
-    ckpt_path = _resolve_resume(resume, out, defining)
-    ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else None
-    overwrite = _check_existing(out, resume, overwrite)
-    return ckpt_path, ckpt, overwrite
+def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, text, world) -> Plan:
+    """Check the arguments, build a model given as a spec, describe the recipe and name the run directory."""
+    algorithm = algorithm if algorithm is not None else _default_algorithm()
+    data = as_federated(data)
+    _check_args(algorithm, data, loop, *world)
+    accelerator, precision = _resolve_device(accelerator, precision, algorithm)
+    model, text = _model_and_config(model, data, algorithm, task, loop, seed, precision, text)
+    defining, execution = split_settings(recorded.settings(text, precision))
+    name = f"{recorded.default_name(algorithm, model, data, seed)}-{settings_hash(defining)}"
+    return Plan(model=model, data=data, algorithm=algorithm, task=task, loop=loop, seed=seed, accelerator=accelerator,
+                precision=precision, text=text, defining=defining, execution=execution,
+                out=Path(out_dir) if out_dir else Path("runs") / name)
 
 
-def _annotate(record: RunRecord, loop, ckpt, defining: dict[str, Any], execution: dict[str, Any], seed: int) -> None:
+def _annotate(record: RunRecord, loop: FederatedLoop, plan: Plan) -> None:
     """What the run record adds to the summary: settings, segments, hyperparameters."""
-    record.extra = {"settings": json.dumps(defining, default=str)}
-    record.segments = _segments(ckpt, loop.state.rounds_done, execution)
-    record.hparams = _hparams(loop.algorithm, loop.cfg, seed)
+    record.extra = {"settings": json.dumps(plan.defining, default=str)}
+    record.segments = recorded.segments(plan.ckpt, loop.state.rounds_done, plan.execution)
+    record.hparams = recorded.hparams(loop.algorithm, loop.cfg, plan.seed)
     if loop.fabric.global_rank == 0:
         print(f"fedlight: run directory {record.out}", file=sys.stderr, flush=True)
 
 
 def _resolve_device(accelerator: str, precision: str | None, algorithm) -> tuple[str, str]:
-    import torch
-
     if accelerator == "auto":
         accelerator = "cuda" if torch.cuda.is_available() else "cpu"
     if precision is None:
@@ -143,15 +182,11 @@ def _model_and_config(model, data, algorithm, task, loop, seed, precision, text)
     resolved config text (described from the objects for a Python-API run)."""
     spec = None
     if isinstance(model, (dict, str)):
-        import torch
-
-        from fedlight.spec import build
-
         spec = {"class_path": model} if isinstance(model, str) else model
         torch.manual_seed(seed)
         model = build(spec)
     if text is None:
-        text = _describe(model, data, algorithm, task, loop, seed, precision=precision, model_spec=spec)
+        text = recorded.recipe_text(model, data, algorithm, task, loop, seed, precision=precision, model_spec=spec)
         if spec is None and "init_args" not in describe(model):
             print(f"fedlight: note: config.yaml records the model {type(model).__name__} by class path only; pass "
                   "it to fit as a class-path spec ({'class_path': ..., 'init_args': {...}}) so landscape, sharpness "
@@ -160,8 +195,6 @@ def _model_and_config(model, data, algorithm, task, loop, seed, precision, text)
 
 
 def _fabric(accelerator: str, devices: int, num_nodes: int, precision: str):
-    import lightning as L
-
     try:
         fabric = L.Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
                           strategy="ddp" if devices * num_nodes > 1 else "auto")
@@ -173,8 +206,6 @@ def _fabric(accelerator: str, devices: int, num_nodes: int, precision: str):
 
 
 def _check_args(algorithm, data, loop: LoopConfig, devices: int, num_nodes: int) -> None:
-    from fedlight.advice import check_scales
-
     check_scales(algorithm, loop)  # an adaptive rule at an SGD-scale lr warns before round 1
     world = devices * num_nodes if isinstance(devices, int) and isinstance(num_nodes, int) else 1
     check(isinstance(devices, int) and devices > 0, f"`devices` must be a positive integer, got {devices!r}")
@@ -203,33 +234,27 @@ def _agree(fabric, step) -> None:
         raise ConfigError(error)
 
 
-def _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_path, defining, precision, record):
+def _prepare(fabric, plan: Plan, record: RunRecord) -> FitDriver:
     """Data, task, the loop, the probe of one batch and the resume check: everything that may refuse the run,
     before any file is written."""
-    import torch
-
-    from fedlight.fitting import FitDriver
-    from fedlight.loop import FederatedLoop
-    from fedlight.tasks import resolve_task
-
-    data.input_dtype = torch.float64 if precision == "64-true" else torch.float32  # float64 data keeps its precision
+    data = plan.data
+    data.input_dtype = torch.float64 if plan.precision == "64-true" else torch.float32  # float64 data stays float64
     with fabric.rank_zero_first():
-        data.setup(fabric.device, seed)
-    _check_clients(loop, data.num_clients)
-    task = resolve_task(task, model, data)  # set up by the loop, with the data
-    loop, optimizer = _local_optimizer(fabric, model, task, algorithm, loop)
-    driver = FitDriver(FederatedLoop(fabric, model, data, algorithm, loop, seed, out, task, optimizer), record)
+        data.setup(fabric.device, plan.seed)
+    _check_clients(plan.loop, data.num_clients)
+    task = resolve_task(plan.task, plan.model, data)  # set up by the loop, with the data
+    loop, optimizer = _local_optimizer(fabric, plan.model, task, plan.algorithm, plan.loop)
+    driver = FitDriver(FederatedLoop(fabric, plan.model, data, plan.algorithm, loop, plan.seed, plan.out, task,
+                                     optimizer), record)
     driver.probe()  # one batch through model + task: a mismatch is refused before round 1
     _check_targets(task, loop)  # after the probe: a LightningModule's headline is known only then
-    driver.loop.store.use_folder(out / "client_state" / f"rank{fabric.global_rank}")  # unchanged: never rewritten
-    if ckpt is not None:
-        driver.resume(ckpt, ckpt_path, defining)
+    driver.loop.store.use_folder(plan.out / "client_state" / f"rank{fabric.global_rank}")  # unchanged: never rewritten
+    if plan.ckpt is not None:
+        driver.resume(plan.ckpt, plan.ckpt_path, plan.defining)
     return driver
 
 
 def _check_targets(task, loop) -> None:
-    from fedlight.run.files import is_fraction
-
     if is_fraction(task.headline_key):
         check(all(0 < t <= 1 for t in loop.targets), f"`loop.targets` are values of {task.headline_key}, a fraction: "
               f"they must be in (0, 1], got {loop.targets} (write 0.7 for 70 %)")
@@ -238,11 +263,6 @@ def _check_targets(task, loop) -> None:
 def _local_optimizer(fabric, model, task, algorithm, loop):
     """A LightningModule's ``configure_optimizers`` as the local optimizer (its lr is the schedule's base, its weight
     decay the rules'), unless the rule prescribes its own; otherwise ``loop.optimizer``."""
-    import dataclasses
-    import functools
-
-    from fedlight.rules import LocalUpdateRule
-
     optimizer = getattr(task, "optimizer", None)
     if optimizer is None or not task.has_optimizer(model):
         return loop, None
@@ -265,148 +285,8 @@ def _local_optimizer(fabric, model, task, algorithm, loop):
 
 
 def _init_args(cls) -> set[str]:
-    import inspect
-
     return set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
 
 
-def _segments(ckpt, start_round: int, execution: dict[str, Any]) -> list[dict[str, Any]]:
-    """Execution-only settings per stretch of the run; a resume adds one, listing what changed."""
-    before = json.loads(ckpt["segments"]) if ckpt is not None and ckpt.get("segments") else []
-    execution = {k: v for k, v in execution.items() if k not in ("resume", "overwrite")}
-    seg: dict[str, Any] = {"from_round": start_round, "settings": execution}
-    if before:
-        prev = before[-1]["settings"]
-        seg["changed"] = sorted(k for k in prev.keys() | execution.keys()
-                                if json.dumps(prev.get(k), default=str) != json.dumps(execution.get(k), default=str))
-    return [*before, json.loads(json.dumps(seg, default=str))]
-
-
-def _lr_hint(algorithm, loop: LoopConfig) -> str:
-    from fedlight.rules import LocalUpdateRule
-
-    name = type(algorithm).__name__
-    own = type(algorithm.local).make_optimizer is not LocalUpdateRule.make_optimizer
-    opt = f"{name}'s own local optimizer" if own else f"the local optimizer {loop.optimizer}"
-    return (f"the learning rate `loop.lr` = {loop.lr:g} is too large for {opt} (adaptive optimizers such as Adam/AdamW "
-            f"usually take ~1e-3); lower it, e.g. `--loop.lr {loop.lr / 100:g}`")
-
-
-def _hparams(algorithm, loop, seed) -> dict[str, Any]:
-    import dataclasses
-
-    flat = {"algorithm": getattr(algorithm, "name", type(algorithm).__name__), "seed": seed}
-    for k, v in dataclasses.asdict(loop).items():
-        if isinstance(v, (int, float, str, bool)):
-            flat[f"loop.{k}"] = v
-    for k, v in {**vars(algorithm), **vars(algorithm).get("_init_args", {})}.items():
-        if isinstance(v, (int, float, str, bool)):
-            flat[f"algorithm.{k}"] = v
-    return flat
-
-
 def _default_algorithm() -> Algorithm:
-    from fedlight.algorithms import FedAvg
-
     return FedAvg()
-
-
-def _default_name(algorithm, model, data, seed: int) -> str:
-    name = getattr(algorithm, "name", "custom")
-    return f"{name}_{type(model).__name__.lower()}_{type(data).__name__.lower()}_s{seed}"
-
-
-def _resolve_resume(resume: str | None, out: Path, defining: dict[str, Any] | None = None) -> Path | None:
-    if resume is None:
-        return None
-    if resume == "auto":
-        last = out / "checkpoints" / "last.ckpt"
-        if last.exists():
-            return last
-        _note(f"`--resume auto` found no checkpoint in {out}: nothing to resume, starting a new run there"
-              f"{_other_run(out, defining or {})}")
-        return None
-    return Path(resume)
-
-
-def _other_run(out: Path, defining: dict[str, Any]) -> str:
-    """``; ... <dir> is a run of the same recipe whose settings differ: ...`` for the newest resumable sibling
-    ``<name>-<hash>`` of a default run directory (the hash differs when defining settings do), or ``""``."""
-    import re
-
-    m = re.fullmatch(r"(.+)-[0-9a-f]{8}", out.name)
-    if m is None or not out.parent.is_dir():
-        return ""
-    ckpts = sorted((d / "checkpoints" / "last.ckpt" for d in out.parent.glob(f"{m.group(1)}-*") if d != out),
-                   key=lambda p: p.stat().st_mtime if p.exists() else 0, reverse=True)
-    for ckpt in (c for c in ckpts if c.exists()):
-        try:
-            there = json.loads(load_checkpoint(ckpt).get("settings") or "{}")
-        except ConfigError:
-            continue
-        diffs = differences(there, defining)
-        if diffs:
-            return (f"; {ckpt.parent.parent} is a run of the same recipe whose settings differ ({'; '.join(diffs)}): "
-                    "to continue it, rerun with its settings or pass `--out_dir` " + str(ckpt.parent.parent))
-    return ""
-
-
-def _note(message: str) -> None:
-    """One ``fedlight: note:`` line, from the launching process only (Fabric's launcher reruns ``fit`` per rank)."""
-    import os
-
-    if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
-        print(f"fedlight: note: {message}", file=sys.stderr, flush=True)
-
-
-def _check_existing(out: Path, resume: str | None, overwrite: bool) -> bool:
-    """A fresh run refuses a directory that holds another run unless told to overwrite it (cleared later, under the
-    lock, by the run record). A directory whose run finished no round is not a run: it is reused (cleared too).
-    Returns whether the directory is to be cleared."""
-    if not out.exists() or not any(p.name != LOCK_NAME for p in out.iterdir()) or resume is not None:
-        return overwrite
-    if _no_round_finished(out):
-        _note(f"{out} holds a run that finished no round; reusing it (its files are replaced)")
-        return True
-    if not overwrite:
-        raise ConfigError(f"`out_dir` {out} already holds a run; pass `--resume auto` to continue it, "
-                          "`--overwrite true` to start over, or choose another `--out_dir`")
-    if not any((out / f).exists() for f in RUN_FILES):
-        raise ConfigError(f"`overwrite` refuses to clear {out}: it does not look like a fedlight run directory")
-    return True
-
-
-def _no_round_finished(out: Path) -> bool:
-    """``out`` holds only fedlight run files, and no checkpoint, summary, final model or metrics row."""
-    names = {p.name for p in out.iterdir()} - {LOCK_NAME}
-    if not names <= set(RUN_FILES) or "config.yaml" not in names:
-        return False
-    if any((out / f).exists() for f in ("summary.json", "final_model.pt", "checkpoints/last.ckpt")):
-        return False
-    metrics = out / "metrics.jsonl"
-    return not metrics.exists() or not metrics.read_text().strip()
-
-
-def _describe(model, data, algorithm, task, loop, seed, precision=None, model_spec=None) -> str:
-    """The resolved recipe of a Python-API run: class paths with the constructor arguments that can be recovered."""
-    import dataclasses
-
-    import yaml
-
-    from fedlight.spec import describe
-
-    return yaml.safe_dump({"seed": seed, "precision": precision, "model": model_spec or describe(model),
-                           "data": describe(data), "algorithm": describe(algorithm),
-                           **({"task": describe(task)} if task is not None else {}),
-                           "loop": dataclasses.asdict(loop)}, sort_keys=False)
-
-
-def _settings(text: str, precision: str) -> dict[str, Any]:
-    import yaml
-
-    try:
-        settings = yaml.safe_load(text) or {}
-    except yaml.YAMLError:
-        settings = {}
-    settings = settings if isinstance(settings, dict) else {}
-    return {**settings, "precision": precision}

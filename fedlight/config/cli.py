@@ -1,6 +1,6 @@
 """The ``fedlight`` command line: ``fit``, ``ls``, ``partition`` (and more as they land).
 
-``fedlight fit`` is generated from :func:`fedlight.api.fit`'s signature (jsonargparse): every
+``fedlight fit`` is generated from :func:`fedlight.config.api.fit`'s signature (jsonargparse): every
 parameter is a YAML key and a dotted flag (``--loop.rounds 3``); field docstrings are the help text.
 Bad input ends with one readable line on stderr and exit status 2, never a traceback.
 """
@@ -19,9 +19,11 @@ from fedlight.run.stops import EXIT_STATUSES, Stopped
 
 # name -> ("module:function", one help line). Resolved on use, so `fedlight ls` imports no research tooling.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "fit": ("fedlight.cli:cmd_fit", "train one recipe:  fedlight fit --config recipes/X.yaml [--loop.rounds 3 ...]"),
-    "ls": ("fedlight.cli:cmd_ls", "list algorithms, models, datasets, partitioners, tasks and recipes"),
-    "partition": ("fedlight.cli:cmd_partition", "print per-client sizes and class histograms of a recipe's split"),
+    "fit": ("fedlight.config.cli:cmd_fit",
+            "train one recipe:  fedlight fit --config recipes/X.yaml [--loop.rounds 3 ...]"),
+    "ls": ("fedlight.config.cli:cmd_ls", "list algorithms, models, datasets, partitioners, tasks and recipes"),
+    "partition": ("fedlight.config.cli:cmd_partition",
+                  "print per-client sizes and class histograms of a recipe's split"),
     "reproduce": ("fedlight.lab.reproduce:cmd_reproduce", "run a paper table: fedlight reproduce TABLE.yaml"),
     "report": ("fedlight.lab.report:cmd_report", "compare finished runs (table + curves.png): fedlight report RUN..."),
     "landscape": ("fedlight.lab.flatness_cli:cmd_landscape",
@@ -72,7 +74,7 @@ def _parser(prog: str, docs: bool = True):
 
     from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter, set_parsing_settings
 
-    from fedlight import api
+    from fedlight.config import api
 
     class Formatter(DefaultHelpFormatter):
         """The recipe schema verbatim; `fedlight ls X` instead of every importable subclass of nn.Module."""
@@ -101,7 +103,7 @@ def _parse(prog: str, argv: list[str]):
     from jsonargparse import ArgumentError
 
     import fedlight.algorithms  # noqa: F401 - registers algorithms; makes short names resolvable
-    from fedlight import advice, flags
+    from fedlight.config import advice, flags
 
     argv = flags.resolve_names(argv)
     flags.check_keys(argv)
@@ -132,7 +134,7 @@ def _unknown(msg: str, parser) -> str | None:
     """The nearest key for ``unrecognized arguments: --loop.round 5`` or ``Group 'loop' does not accept ...``."""
     import re
 
-    from fedlight.registry import closest
+    from fedlight.core.registry import closest
 
     flag = re.search(r"unrecognized arguments: (--[^\s=]+)", msg)
     if flag:
@@ -167,8 +169,8 @@ def _explain(e: BaseException, parser=None) -> str:
         return unknown
     missing = re.search(r"module '(fedlight\.\w+)' has no attribute '(\w+)'", msg)
     if missing:
-        from fedlight.flags import GROUPS
-        from fedlight.registry import closest
+        from fedlight.config.flags import GROUPS
+        from fedlight.core.registry import closest
 
         package, name = missing.groups()
         for pkg, section, attr in GROUPS.values():
@@ -186,8 +188,8 @@ def _explain(e: BaseException, parser=None) -> str:
     if key and given and key.group(1) in ("algorithm", "model", "data", "data.partition"):
         import importlib
 
-        from fedlight.flags import GROUPS
-        from fedlight.registry import closest
+        from fedlight.config.flags import GROUPS
+        from fedlight.core.registry import closest
 
         package, section, attr = GROUPS[key.group(1)]
         value = given.group(1).strip("'\"")
@@ -214,7 +216,7 @@ def cpu_threads(accelerator: str) -> None:
 
 
 def cmd_fit(argv: list[str]) -> int:
-    from fedlight import api
+    from fedlight.config import api
 
     kwargs, text = _parse("fedlight fit", argv)
     cpu_threads(kwargs.get("accelerator", "auto"))
@@ -257,7 +259,7 @@ def cmd_partition(argv: list[str]) -> int:
 
 
 def cmd_ls(argv: list[str]) -> int:
-    from fedlight.catalog import listing
+    from fedlight.config.catalog import listing
 
     what = argv[0] if argv else "all"
     print(listing(what))
@@ -280,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
-        from fedlight.registry import closest
+        from fedlight.core.registry import closest
 
         print(f"fedlight: error: unknown command {cmd!r}{closest(cmd, COMMANDS)} (commands: {', '.join(COMMANDS)})",
               file=sys.stderr)
@@ -308,7 +310,7 @@ def _rank() -> int:
 
 
 def recipes_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "recipes"
+    return Path(__file__).resolve().parents[2] / "recipes"
 
 
 if __name__ == "__main__":

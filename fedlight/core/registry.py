@@ -27,7 +27,7 @@ _REGISTRY: dict[str, AlgorithmSpec] = {}
 
 def register(name: str, *, paper: str, backprops: int = 1, comm: tuple[float, float] = (1, 1),
              stateful_clients: bool = False):
-    """Class decorator: register an :class:`~fedlight.rules.Algorithm` subclass under ``name``."""
+    """Class decorator: register an :class:`~fedlight.core.rules.Algorithm` subclass under ``name``."""
 
     def deco(cls):
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:

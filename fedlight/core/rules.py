@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlight import params as P
-from fedlight import precision as precisions
-from fedlight.params import Params
-from fedlight.spec import remember_init_args
+from fedlight.config.spec import remember_init_args
+from fedlight.core import params as P
+from fedlight.core import precision as precisions
+from fedlight.core.params import Params
 
 
 @dataclass
@@ -124,7 +124,7 @@ class LocalContext:
         """``objective(model, batch)`` under the Fabric precision plugin."""
         if self.objective is None:
             raise TypeError("LocalContext.objective is not set: pass the task's objective, e.g. "
-                            "`objective=fedlight.rules.cross_entropy` for (x, y) classification batches")
+                            "`objective=fedlight.core.rules.cross_entropy` for (x, y) classification batches")
         if self._plain:
             return self.objective(model, batch)
         return precisions.forward(self.fabric, self.objective, model, batch)
@@ -186,7 +186,7 @@ class LocalUpdateRule:
     stacked_unsupported: str | None = None
     """Why this rule cannot train stacked clients (``loop.client_parallelism: vmap``,
     :mod:`fedlight.runners.stacked`); ``None``: it can (its math is elementwise or goes through the per-client
-    helpers of :mod:`fedlight.params`)."""
+    helpers of :mod:`fedlight.core.params`)."""
 
     def make_optimizer(self, params: list[Tensor], lr: float, default: Callable[..., torch.optim.Optimizer]):
         """The local optimizer for one client's round; default: the loop's (SGD, wd 1e-3)."""
@@ -271,7 +271,7 @@ class Algorithm:
     """A ``LocalUpdateRule`` + ``ServerRule`` pair, holding the hyperparameters both halves share.
 
     Subclasses build ``self.local`` and ``self.server`` in ``__init__`` from typed arguments (the recipe's
-    ``algorithm.init_args``) and are registered with :func:`fedlight.registry.register`.
+    ``algorithm.init_args``) and are registered with :func:`fedlight.core.registry.register`.
     """
 
     local: LocalUpdateRule

@@ -1,7 +1,7 @@
 """FitDriver: the run from round to round — probe, evaluate, stop, checkpoint, resume, finish — around
-:meth:`FederatedLoop.run_round <fedlight.loop.FederatedLoop.run_round>`.
+:meth:`FederatedLoop.run_round <fedlight.engine.loop.FederatedLoop.run_round>`.
 
-Composition, not inheritance: the driver holds the loop (which advances the :class:`~fedlight.loop_state.LoopState`
+Composition, not inheritance: the driver holds the loop (which advances the :class:`~fedlight.engine.state.LoopState`
 one round) and the :class:`~fedlight.run.record.RunRecord` (which owns every file of the run directory). It
 decides when to evaluate and to checkpoint and hands the record rows and state snapshots; a resume is checked once
 (:meth:`FitDriver.resume`) and restores the state the checkpoint holds.
@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
+from fedlight.engine.loop import Diverged, FederatedLoop
+from fedlight.engine.state import resume_problems
 from fedlight.errors import ConfigError
-from fedlight.loop import Diverged, FederatedLoop
-from fedlight.loop_state import resume_problems
 from fedlight.run import stops
 from fedlight.run.files import fault, rss_mb, summarize
 from fedlight.run.record import RunRecord
@@ -29,7 +29,7 @@ class FitDriver:
     """Fits ``loop`` to ``loop.cfg.rounds`` rounds, writing through ``record``.
 
     Args:
-        loop: the federated loop (its :attr:`~fedlight.loop.FederatedLoop.state` is what is checkpointed).
+        loop: the federated loop (its :attr:`~fedlight.engine.loop.FederatedLoop.state` is what is checkpointed).
         record: the run record, opened (needed by :meth:`fit` only).
     """
 

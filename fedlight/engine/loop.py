@@ -1,10 +1,10 @@
 """FederatedLoop: one round of federated training, everything that is engineering, not math.
 
-It advances a :class:`~fedlight.loop_state.LoopState` (global model, server state, client states, totals, rounds
+It advances a :class:`~fedlight.engine.state.LoopState` (global model, server state, client states, totals, rounds
 done) by one round: plan (sampling, dropout, which rank trains whom), train the clients through a client runner,
 share across ranks, reduce, ``server.update``. It owns Fabric, devices, precision, seeds, the local optimizer and
-its schedule, and never special-cases an algorithm: it calls the rule contract of :mod:`fedlight.rules`.
-Evaluation, checkpoints, resume and stops belong to the fit driver (:class:`~fedlight.fitting.FitDriver`).
+its schedule, and never special-cases an algorithm: it calls the rule contract of :mod:`fedlight.core.rules`.
+Evaluation, checkpoints, resume and stops belong to the fit driver (:class:`~fedlight.engine.driver.FitDriver`).
 
 Multi-process simulation is client-parallel: each rank trains its share of the round's clients on its
 own copy of the one model instance; the weighted sums are all-reduced in float64. The model is
@@ -21,18 +21,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedlight import params as P
-from fedlight.aggregate import Accumulator, Reduced
-from fedlight.args import LoopConfig
-from fedlight.loop_state import LoopState
-from fedlight.params import Params
-from fedlight.rules import Algorithm, ClientResult, RoundInfo
+from fedlight.config.args import LoopConfig
+from fedlight.core import params as P
+from fedlight.core.params import Params
+from fedlight.core.rules import Algorithm, ClientResult, RoundInfo
+from fedlight.engine.aggregate import Accumulator, Reduced
+from fedlight.engine.client_store import ClientStateStore
+from fedlight.engine.sampling import assign_clients, client_fails, client_generator, sample_clients
+from fedlight.engine.state import LoopState
 from fedlight.run.files import fault, to_device
 from fedlight.run.round_row import RoundRow, client_entries
 from fedlight.runners import ClientJob, TrainSetup, select_runner
 from fedlight.runners.base import OptimizerFactory
-from fedlight.sampling import assign_clients, client_fails, client_generator, sample_clients
-from fedlight.state import ClientStateStore
 from fedlight.tasks import Task
 
 

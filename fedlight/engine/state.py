@@ -1,8 +1,8 @@
 """LoopState: everything a run carries from one round to the next, and the only thing a checkpoint holds.
 
-:class:`~fedlight.loop.FederatedLoop` advances it one round at a time; the fit driver
-(:class:`~fedlight.fitting.FitDriver`) snapshots it for the run record and, on resume, compares a checkpoint with it
-(:func:`resume_problems`, the one check) before restoring it.
+:class:`~fedlight.engine.loop.FederatedLoop` advances it one round at a time; the fit driver
+(:class:`~fedlight.engine.driver.FitDriver`) snapshots it for the run record and, on resume, compares a checkpoint
+with it (:func:`resume_problems`, the one check) before restoring it.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any
 
 from torch import Tensor
 
-from fedlight.rules import ServerRule
+from fedlight.core.rules import ServerRule
+from fedlight.engine.client_store import ClientStateStore
 from fedlight.run.directory import differences
 from fedlight.run.files import CHECKPOINT_FORMAT, cpu_copy, meta_differences, to_device
-from fedlight.state import ClientStateStore
 
 
 def _totals() -> dict[str, Any]:

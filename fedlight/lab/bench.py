@@ -6,14 +6,15 @@ Entry point: ``python tools/bench.py [sections] [options]`` (``--help``). Sectio
   (shortened rounds) against a minimal hand-written loop of the same work, wall time, one thread each, fresh
   processes, interleaved repeats; median and spread of the ratio (:mod:`fedlight.lab.bench_fit`).
 * ``--overhead``: the same FedAvg workload, in one process and interleaved round by round, through
-  fedlight's real :class:`~fedlight.loop.FederatedLoop` and through :class:`MinimalFedAvg` (below); seconds per
+  fedlight's real :class:`~fedlight.engine.loop.FederatedLoop` and through :class:`MinimalFedAvg` (below); seconds per
   round of each (median after warm-up), their ratio, and the same loop with ``loop.client_parallelism: vmap``
   (all clients of the round stacked, :mod:`fedlight.runners.stacked`) for the vectorised-client speedup.
 * ``--multiprocess``: ``fedlight fit`` in subprocesses with ``--devices 1`` and ``--devices 2`` on an MLP /
   Fashion-MNIST recipe (Synthetic when ``FEDLIGHT_DATA`` is unset): speedup, eval share of the run time, peak
   RSS, and the max |difference| of the final models.
 * ``--many-clients``: SCAFFOLD with 10,000 clients of the Fashion-MNIST MLP (about 8 GB of ``c_i``) through a
-  :class:`~fedlight.state.ClientStateStore` with a memory budget; process RSS and the per-round cost of the spill.
+  :class:`~fedlight.engine.client_store.ClientStateStore` with a memory budget; process RSS and the per-round cost
+  of the spill.
 * ``--lora``: RoBERTa + LoRA on GLUE-shaped token batches (:mod:`fedlight.lab.bench_nlp`, the ``nlp`` extra):
   tokens per second and bytes per round, and the state of 20 stateful clients (adapter-sized, not model-sized).
 * ``--gpu``: ResNet-18-CIFAR at CIFAR-100 shapes, ``bf16-mixed``, every seed rule and FedAvg under each client
@@ -156,7 +157,7 @@ class MinimalFedAvg:
         self.clients = [(x.to(device), y.to(device)) for x, y in clients]
 
     def round(self, r: int) -> torch.Tensor:
-        from fedlight.sampling import client_generator
+        from fedlight.engine.sampling import client_generator
 
         w, dev = self.w, self.device
         acc = [torch.zeros_like(p) for p in self.params]
@@ -195,9 +196,9 @@ def fedlight_loop(model: nn.Module, clients, w: Workload, accelerator: str = "cp
     import lightning as L
 
     import fedlight
-    from fedlight.args import LoopConfig
+    from fedlight.config.args import LoopConfig
     from fedlight.data import TensorClients
-    from fedlight.loop import FederatedLoop
+    from fedlight.engine.loop import FederatedLoop
 
     fabric = L.Fabric(accelerator=accelerator, devices=1, precision=precision)
     if data is None:
@@ -289,7 +290,7 @@ def _fit_config(path: Path, rounds: int, steps: int, eval_every: int, tiny: bool
 
 
 def _run_fit(cfg: Path, out: Path, devices: int, threads: int | None = None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "fedlight.cli", "fit", "--config", str(cfg), "--devices", str(devices),
+    cmd = [sys.executable, "-m", "fedlight.config.cli", "fit", "--config", str(cfg), "--devices", str(devices),
            "--accelerator", "cpu", "--out_dir", str(out), "--overwrite", "true"]
     env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
     t = time.perf_counter()
@@ -356,10 +357,10 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
     """SCAFFOLD, MLP 784-200-200-10: every client holds a ``c_i`` (0.8 MB); the store keeps ``budget_mb`` in
     memory and spills the rest. Compares the same rounds against an in-memory store holding only the states the
     measured rounds touch (same compute, no spill)."""
-    from fedlight import params as P
+    from fedlight.core import params as P
+    from fedlight.engine.client_store import ClientStateStore
+    from fedlight.engine.sampling import sample_clients
     from fedlight.run.files import atomic_torch_save
-    from fedlight.sampling import sample_clients
-    from fedlight.state import ClientStateStore
 
     w = Workload("mlp", clients=num_clients, steps=samples, batch=samples)
     g = torch.Generator().manual_seed(0)

@@ -112,8 +112,8 @@ def gpu(reps: int = 5, warmup: int = 2, variants: tuple[str, ...] = GPU_VARIANTS
 
 
 def _variant(variant, algo, switches, model, fps, clients_data, w, accelerator, reps, warmup) -> dict[str, Any]:
+    from fedlight.core.registry import get_algorithm
     from fedlight.lab.bench import _timed, fedlight_loop
-    from fedlight.registry import get_algorithm
 
     cuda = accelerator == "cuda"
     mode = "sequential" if "sequential" in switches else "vmap" if "vmap" in switches else "auto"

@@ -66,7 +66,7 @@ def _model(size: str, seq: int):
 def lora(size: str = "tiny", clients: int = 4, steps: int = 10, batch: int = 32, seq: int = 128, reps: int = 3,
          warmup: int = 1, stateful: int = 20, accelerator: str = "cpu", precision: str = "32-true") -> dict[str, Any]:
     """Time FedAvg rounds of RoBERTa-LoRA and measure the state of ``stateful`` SCAFFOLD clients."""
-    from fedlight import params as P
+    from fedlight.core import params as P
     from fedlight.lab.bench import Workload, _timed, fedlight_loop, peak_rss_mb, rss_now_mb
 
     w = Workload("mlp", clients=clients, steps=steps, batch=batch, lr=0.1)

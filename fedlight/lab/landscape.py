@@ -32,9 +32,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedlight import params as P
+from fedlight.core import params as P
+from fedlight.core.params import Params
 from fedlight.errors import ConfigError, check
-from fedlight.params import Params
 from fedlight.tasks import Task, resolve_task
 
 Objective = Callable[[nn.Module, Any], Tensor]
@@ -385,7 +385,7 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: 
         checkpoint: weights to load instead of ``final_model.pt``: a path, or ``last`` for ``checkpoints/last.ckpt``.
         device: where to evaluate; default ``cuda`` when available, else ``cpu``.
     """
-    from fedlight.cli import _parse
+    from fedlight.config.cli import _parse
 
     run_dir = Path(run_dir)
     cfg = run_dir / "config.yaml"

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedlight import precision as precisions
+from fedlight.core import precision as precisions
 from fedlight.errors import ConfigError
 
 

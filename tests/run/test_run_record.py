@@ -128,7 +128,7 @@ def test_terminal_bar_shows_the_phase():
 
 def test_exploding_train_loss_warns_once_with_the_likely_cause(tmp_path, capsys):
     from fedlight.algorithms import FedAdamW
-    from fedlight.api import _lr_hint
+    from fedlight.config.settings import lr_hint as _lr_hint
 
     hint = _lr_hint(FedAdamW(), LoopConfig(lr=0.1))
     assert "`loop.lr` = 0.1" in hint and "FedAdamW" in hint
