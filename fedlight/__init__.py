@@ -19,6 +19,7 @@ from fedlight import _moved  # noqa: E402
 
 _moved.install()  # fedlight.rules, fedlight.loop, fedlight.cli ...: the paths before core/ engine/ config/
 
+import fedlight.algorithms  # noqa: E402,F401 - fedlight's own rules register here (fedlight.create("fedsam"))
 from fedlight.core.params import Params  # noqa: E402
 from fedlight.core.registry import create, get_algorithm, list_algorithms, register  # noqa: E402
 from fedlight.core.rules import (  # noqa: E402

@@ -102,7 +102,6 @@ def _parse(prog: str, argv: list[str]):
     """Parse and instantiate a recipe + overrides; returns (init kwargs, resolved config YAML)."""
     from jsonargparse import ArgumentError
 
-    import fedlight.algorithms  # noqa: F401 - registers algorithms; makes short names resolvable
     from fedlight.config import advice, flags
 
     argv = flags.resolve_names(argv)
