@@ -109,8 +109,7 @@ class Task:
         model.eval()
         try:
             with torch.no_grad():
-                loss = guard("the training objective",
-                             lambda: precisions.forward(fabric, self.objective, model, train_batch))
+                loss = guard("the training objective", lambda: self._probe_loss(model, train_batch, fabric))
                 if not isinstance(loss, Tensor) or loss.dim() != 0 or not loss.dtype.is_floating_point:
                     raise ConfigError(f"{type(self).__name__}: the training objective must be a scalar loss tensor, "
                                       f"got {_describe(loss)}; return the batch mean")
@@ -122,6 +121,9 @@ class Task:
             raise ConfigError(f"{type(self).__name__}: the headline metric {self.headline!r} is not among the "
                               f"metrics the task reports ({', '.join(metrics) or 'none'})")
 
+
+    def _probe_loss(self, model: nn.Module, batch: Any, fabric: Any) -> Any:
+        return precisions.forward(fabric, self.objective, model, batch)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
