@@ -10,7 +10,9 @@
 #      memory);
 #   4. an 8-round `fedlight fit` of the headline recipe (FedNSAM, ResNet-18) on a CIFAR-10 subset, eval every round;
 #   5. only with BENCH=1: `tools/bench.py --gpu` (every seed rule and runner; measured in results/performance.md §6).
-# The route comparison is the SECOND call: `python tools/gpu_profile.py --sections anchor,routes` (about 5 min).
+# The route comparison is the SECOND call: `bash tools/gpu_check.sh --routes` (same setup, then
+# `tools/gpu_profile.py --sections anchor,routes --rounds 2` under ROUTES_S, default 420 s; each line is printed as
+# measured, the most telling routes first, so a timeout keeps what came before).
 # Layout: an ignored folder .gpu/ in the checkout holding whl/ (jsonargparse, docstring-parser, typeshed-client
 # wheels for the GPU machine's Python) and data/cifar10-jpeg (../shared/tools/make_cifar10_subset.sh .gpu/data 1000).
 # Run from the project root: `bash tools/gpu_check.sh` (carry .gpu). VARIANTS, *_S timeouts, ROUNDS override.
@@ -18,6 +20,7 @@
 # skipped; numbers meaningless) — tests/test_gpu_tools.py runs it.
 set -u
 SMOKE=0; [ "${1:-}" = "--smoke" ] && SMOKE=1
+ROUTES=0; [ "${1:-}" = "--routes" ] && ROUTES=1
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 FAILED=0; step() { local rc=$1; echo "rc=$rc"; [ "$rc" = 0 ] || FAILED=$((FAILED + 1)); }
@@ -31,6 +34,12 @@ else
   { nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,memory.total,driver_version --format=csv
     python3 -c "import torch, lightning, jsonargparse, fedlight; print('torch', torch.__version__, 'lightning', lightning.__version__, 'cuda', torch.cuda.is_available())"; } > "$OUT/env.txt" 2>&1
   cat "$OUT/env.txt"; git rev-parse --short HEAD 2>/dev/null >> "$OUT/env.txt"
+  if [ $ROUTES = 1 ]; then
+    el "routes"
+    timeout ${ROUTES_S:-420} python3 tools/gpu_profile.py --sections anchor,routes --rounds 2 > "$OUT/routes_log.txt" 2>&1
+    step $?; grep "^anchor:\|^routes:\|^\[" "$OUT/routes_log.txt" | cut -c1-400
+    el "done: $FAILED step(s) failed"; [ $FAILED = 0 ]; exit
+  fi
   el "cuda tests"
   timeout ${TEST_S:-70} python3 -m pytest -q -x tests/loop/test_runners.py tests/loop/test_runner_routes.py \
     -k "cuda or compiled_stacked" -p no:cacheprovider > "$OUT/cuda_tests.txt" 2>&1; step $?; tail -3 "$OUT/cuda_tests.txt"

@@ -54,6 +54,8 @@ def _loop(w, dev: str, compile):
     from fedlight.lab.bench import fedlight_loop
 
     model = w.model().to(dev)
+    if dev == "cpu" and compile:  # --smoke: the same dynamo/AOTAutograd path, without inductor's C++ build
+        compile = "aot_eager"
     return fedlight_loop(model, w.data(), w, dev, "bf16-mixed", "fedavg", parallelism="vmap", compile=compile)
 
 

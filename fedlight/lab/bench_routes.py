@@ -29,6 +29,7 @@ ROUTES: dict[str, dict[str, Any]] = {  # in the order a short device window shou
     "streams": {"parallelism": "streams", "compile": False, "channels_last": True},
     "stacked+graphs": {"parallelism": "vmap", "compile": "reduce-overhead"},
     "sequential+compiled": {"parallelism": "sequential", "compile": True, "channels_last": True},
+    "streams+graphs": {"parallelism": "streams", "compile": "reduce-overhead", "channels_last": True},
 }
 """Route name → ``fedlight_loop`` keywords (``compile: True`` is replaced by ``smoke_backend`` on CPU)."""
 

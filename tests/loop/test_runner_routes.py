@@ -74,25 +74,35 @@ def test_streams_runner_without_rng_travel_would_differ():
         streams._set_rng = real
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_streams_on_cuda_equal_sequential():
+def _cuda_loop(mode: str, **kw):
     import lightning as L
 
     from fedlight.data import TensorClients
     from fedlight.loop import FederatedLoop
 
-    out = {}
-    for mode in ("sequential", "streams"):
-        fabric = L.Fabric(accelerator="cuda", devices=1, precision="32-true")
-        data = TensorClients(image_clients(), batch_size=4)
-        data.setup(fabric.device, 0)
-        cfg = LoopConfig(rounds=2, clients_per_round=3, local_steps=3, lr=0.05, progress=False,
-                         client_parallelism=mode, compile=False)
-        loop = FederatedLoop(fabric, tiny_cnn(), data, fedlight.create("fedsam"), cfg, 0, "unused")
-        for r in range(2):
-            loop.run_round(r)
-        out[mode] = P.flatten(loop.x)
-    torch.testing.assert_close(out["streams"], out["sequential"], rtol=0, atol=1e-6)
+    fabric = L.Fabric(accelerator="cuda", devices=1, precision="32-true")
+    data = TensorClients(image_clients(), batch_size=4)
+    data.setup(fabric.device, 0)
+    cfg = LoopConfig(rounds=2, clients_per_round=3, local_steps=3, lr=0.05, progress=False, client_parallelism=mode,
+                     **kw)
+    loop = FederatedLoop(fabric, _frozen_cnn(), data, fedlight.create("fedsam"), cfg, 0, "unused")
+    for r in range(2):
+        loop.run_round(r)
+    return loop
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("route", [dict(mode="streams", compile=False), dict(mode="vmap", channels_last=True,
+                                                                               compile=False)])
+def test_routes_on_cuda_equal_sequential(route, monkeypatch):
+    """On the device: the streams route (really on streams here) and the channels-last stacked route against
+    sequential training in fp32, TF32 convolutions off (torch's default lets cuDNN use them)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    route = dict(route)
+    ref = _cuda_loop("sequential", compile=False)
+    got = _cuda_loop(route.pop("mode"), **route)
+    torch.testing.assert_close(P.flatten(got.x), P.flatten(ref.x), rtol=0, atol=1e-5)
+    torch.testing.assert_close(P.flatten(got.buffers), P.flatten(ref.buffers), rtol=0, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------ channels-last
