@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fedlight.lab.bench_routes import MEASURED, ROUTES, anchor, routes  # noqa: E402
+from fedlight.lab.bench_routes import MEASURED, ROUTES, anchor, routes, seconds  # noqa: E402
 
 
 def _sync(dev: torch.device) -> None:
@@ -114,13 +114,7 @@ def round_section(w, dev: str) -> None:
 
 
 def _ms(fn, dev: torch.device, reps: int) -> float:
-    fn()
-    _sync(dev)
-    t = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    _sync(dev)
-    return (time.perf_counter() - t) / reps * 1e3
+    return seconds(fn, dev, reps) / reps * 1e3
 
 
 def conv_section(C: int, B: int, dev: str, reps: int, sizes) -> None:

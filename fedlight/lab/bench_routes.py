@@ -68,12 +68,17 @@ def single_model_pass(w, dev: torch.device, steps: int, batch: int, graphs: bool
         opt_step()
         opt.zero_grad(set_to_none=False)
 
+    return seconds(step, dev, steps, warmup)
+
+
+def seconds(fn, dev: torch.device, reps: int, warmup: int = 1) -> float:
+    """Wall seconds of ``reps`` calls of ``fn`` after ``warmup`` untimed ones, the device synchronised around."""
     for _ in range(warmup):
-        step()
+        fn()
     _sync(dev)
     t = time.perf_counter()
-    for _ in range(steps):
-        step()
+    for _ in range(reps):
+        fn()
     _sync(dev)
     return time.perf_counter() - t
 

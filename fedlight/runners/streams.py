@@ -9,7 +9,9 @@ the small kernels of different clients can overlap on the device. On a CPU the s
 Exact by construction: every client runs the sequential runner's own code
 (:meth:`~fedlight.runners.sequential.SequentialRunner.stepwise`) on its own copy, with its own torch generator
 state (saved after each of its steps and restored before the next, so dropout draws the masks sequential training
-draws), so each client's arithmetic is the sequential runner's, operation for operation.
+draws), so each client's arithmetic is the sequential runner's, operation for operation. One exception: BatchNorm
+with ``momentum=None`` (a cumulative average, which reads the step counter ``num_batches_tracked``): sequential
+clients continue one counter through the round, while every copy here starts the chunk from the run's counter.
 
 Ordering on the device: every slot stream first waits for the work queued before the chunk (the broadcast, the
 buffers), and the caller's stream waits for every slot before the outcomes are handed on.
@@ -79,6 +81,10 @@ class StreamsRunner:
         dev = self.setup.device
         slots = self._slots(len(jobs))
         streams = self.streams[: len(jobs)]
+        counters = _counters(self.setup.model)
+        for slot in slots[1:]:  # the copies count BatchNorm steps from the run's model (see the module docstring)
+            for mine, run in zip(_counters(slot.setup.model), counters, strict=True):
+                mine.copy_(run)
         caller = torch.cuda.current_stream(dev) if self.cuda else None
         for st in streams:
             if st is not None:
@@ -95,6 +101,10 @@ class StreamsRunner:
             for st in streams:
                 caller.wait_stream(st)
         return done
+
+
+def _counters(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [b for n, b in model.named_buffers() if n.endswith("num_batches_tracked")]
 
 
 def _advance(run: Generator, state: tuple | None, stream: Any, dev: torch.device) -> tuple[tuple, Any]:
