@@ -7,6 +7,9 @@
 Steps (``--steps``, comma-separated; each prints ``paths: <step> ...`` lines as it goes, a failing step prints
 ``paths: <step>: FAILED ...`` and the others still run):
 
+* ``dtypes``: the dtype a convolution computes in under bf16 autocast — one client's plain convolution, vmap's
+  grouped one (the stacked runner's), the channels-last route's — eager and compiled (on CPU, torch 2.x, vmap's
+  batched convolution is not autocast: it stays float32).
 * ``lightning``: a LightningModule (a small convnet with its own ``training_step`` and ``configure_optimizers``)
   under FedAvg and FedSAM, the sequential runner and the stacked one (compiled on CUDA), through ``fedlight.fit``:
   runner, s/round, final loss, and the stacked model's largest difference from the sequential one.
@@ -33,7 +36,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-STEPS = ("lightning", "swin", "chunk", "compile_fail")
+STEPS = ("dtypes", "lightning", "swin", "chunk", "compile_fail")
 
 
 def _lit_module(channels: int):
@@ -79,6 +82,26 @@ def _fit(model, data, algorithm, loop, precision, accelerator) -> tuple[dict, li
 def _s_per_round(rows: list[dict]) -> float:
     warm = [r["round_time_s"] for r in rows if not r.get("warm_up")] or [r["round_time_s"] for r in rows]
     return sum(warm) / len(warm)
+
+
+def dtypes(smoke: bool, acc: str, precision: str) -> None:
+    import torch.nn.functional as F
+    from torch.func import vmap
+
+    from fedlight.runners.nhwc import stacked_conv2d
+
+    dev = torch.device(acc)
+    x, w = torch.randn(2, 4, 8, 16, 16, device=dev), torch.randn(2, 8, 8, 3, 3, device=dev)
+    fns = {"one client's conv2d": lambda: F.conv2d(x[0], w[0], padding=1),
+           "vmap's grouped conv (stacked)": lambda: vmap(lambda a, b: F.conv2d(a, b, padding=1))(x, w),
+           "channels-last route": lambda: vmap(
+               lambda a, b: stacked_conv2d(a, b, None, [1, 1], [1, 1], [1, 1], 1))(x, w)}
+    backend = "aot_eager" if smoke else "inductor"
+    for name, fn in fns.items():
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            eager, compiled = fn().dtype, torch.compile(fn, backend=backend)().dtype
+        print(f"paths: dtypes: {name} under bf16 autocast on {dev.type}: eager {eager}, compiled ({backend}) "
+              f"{compiled}", flush=True)
 
 
 def lightning(smoke: bool, acc: str, precision: str) -> None:
@@ -177,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     for step in a.steps.split(","):
         t = time.perf_counter()
         try:
-            {"lightning": lightning, "swin": swin, "chunk": chunk, "compile_fail": compile_fail}[step](
-                a.smoke, acc, precision)
+            run = {"dtypes": dtypes, "lightning": lightning, "swin": swin, "chunk": chunk,
+                   "compile_fail": compile_fail}[step]
+            run(a.smoke, acc, precision)
         except Exception as e:  # noqa: BLE001 - one failing path must not hide the others
             failed += 1
             print(f"paths: {step}: FAILED {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",

@@ -13,8 +13,8 @@ import fedlight
 from fedlight import params as P
 from fedlight.args import LoopConfig
 from fedlight.rules import LocalUpdateRule
-from fedlight.runners import SequentialRunner, StackedRunner, StreamsRunner, TrainSetup, choice, select_runner
-from fedlight.runners.nhwc import ChannelsLastStackedRunner, _StackedConv2d
+from fedlight.runners import SequentialRunner, StackedRunner, StreamsRunner, TrainSetup, choice, nhwc, select_runner
+from fedlight.runners.nhwc import ChannelsLastStackedRunner, stacked_conv2d
 
 
 def _state(loop):
@@ -106,34 +106,40 @@ def test_routes_on_cuda_equal_sequential(route, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------ channels-last
-@pytest.mark.parametrize("name", ["fedavg", "scaffold", "fedsam"])
-def test_channels_last_stacked_equals_sequential_in_float64(name):
-    seq, rows_s = _trained(name, 3, precision="64-true", model=_frozen_cnn(), client_parallelism="sequential")
+def _grouped_calls(monkeypatch) -> list[tuple[int, bool]]:
+    """(groups, input channels-last) of every ``conv2d`` the channels-last route makes (traced ones included)."""
     calls = []
-    real = _StackedConv2d.vmap
 
-    def counting(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
+    def conv2d(x, w, *args):
+        calls.append((args[-1], x.is_contiguous(memory_format=torch.channels_last)))
+        return torch.nn.functional.conv2d(x, w, *args)
 
-    _StackedConv2d.vmap = staticmethod(counting)
-    try:
-        nhwc, rows_c = _trained(name, 3, precision="64-true", model=_frozen_cnn(), client_parallelism="vmap",
-                                channels_last=True)
-    finally:
-        _StackedConv2d.vmap = staticmethod(real)
-    assert isinstance(nhwc.runner, ChannelsLastStackedRunner) and calls  # the route's convolution really ran
-    assert nhwc.runner.description == "stacked, channels-last, eager"
-    _close(_state(seq), _state(nhwc), "state", tol=1e-10)
+    monkeypatch.setattr(nhwc, "F", SimpleNamespace(conv2d=conv2d))
+    return calls
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold", "fedsam"])
+def test_channels_last_stacked_equals_sequential_in_float64(name, monkeypatch):
+    seq, rows_s = _trained(name, 3, precision="64-true", model=_frozen_cnn(), client_parallelism="sequential")
+    calls = _grouped_calls(monkeypatch)
+    nhwc_loop, rows_c = _trained(name, 3, precision="64-true", model=_frozen_cnn(), client_parallelism="vmap",
+                                 channels_last=True)
+    assert isinstance(nhwc_loop.runner, ChannelsLastStackedRunner)
+    assert (3, True) in calls  # the route's grouped convolution really ran (3 clients), on channels-last input
+    assert nhwc_loop.runner.description == "stacked, channels-last, eager"
+    _close(_state(seq), _state(nhwc_loop), "state", tol=1e-10)
     assert rows_c == pytest.approx(rows_s, abs=1e-10)
 
 
-def test_channels_last_stacked_compiled_and_in_float32():
+def test_channels_last_stacked_compiled_and_in_float32(monkeypatch):
+    """Compiled, the route's batching rule is what dynamo traces (not vmap's own convolution rule)."""
     torch._dynamo.reset()
     seq, rows_s = _trained("fedavg", model=_frozen_cnn(), client_parallelism="sequential")
+    calls = _grouped_calls(monkeypatch)
     comp, rows_c = _trained("fedavg", model=_frozen_cnn(), client_parallelism="vmap", channels_last=True,
                             compile="aot_eager")
     assert comp.runner.description == "stacked, channels-last, compiled" and not comp.runner.fallbacks
+    assert (3, True) in calls
     _close(_state(seq), _state(comp), "state", tol=1e-5)
     assert rows_c == pytest.approx(rows_s, abs=1e-5)
 
@@ -152,17 +158,30 @@ def test_the_stacked_convolution_keeps_channels_last_storage_end_to_end():
 
     def net(conv):
         def f(xc, w0, b0, w1):
-            h = conv(xc, w0, b0, (1, 1), (1, 1), (1, 1), 1)
-            return h, conv(torch.relu(h), w1, None, (2, 2), (1, 1), (1, 1), 1)
+            h = conv(xc, w0, b0, [1, 1], [1, 1], [1, 1], 1)
+            return h, conv(torch.relu(h), w1, None, [2, 2], [1, 1], [1, 1], 1)
         return vmap(f)(x, w[0], b, w[1])
 
-    h, y = net(_StackedConv2d.apply)
+    h, y = net(stacked_conv2d)
     h_ref, y_ref = net(grouped)
     torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-12)
     torch.testing.assert_close(h, h_ref, rtol=0, atol=1e-12)
     for t in (h, y):  # [C, B, ch, H, W] stored as [B, H, W, C, ch]
         assert t.permute(1, 3, 4, 0, 2).is_contiguous()
     assert not h_ref.permute(1, 3, 4, 0, 2).is_contiguous()  # vmap's own rule does not keep that layout
+
+
+def test_the_stacked_convolution_is_autocast_as_each_clients_own_convolution():
+    """Under bf16 autocast the route convolves in bf16, as the sequential runner's plain convolution does (on CPU,
+    torch 2.x, vmap's own batched convolution is not autocast and stays float32)."""
+    from torch.func import vmap
+
+    x, w = torch.randn(2, 3, 4, 6, 6), torch.randn(2, 5, 4, 3, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mine = vmap(lambda a, b: stacked_conv2d(a, b, None, [1, 1], [1, 1], [1, 1], 1))(x, w)
+        each = torch.stack([torch.nn.functional.conv2d(x[c], w[c], None, 1, 1) for c in range(2)])
+    assert mine.dtype == each.dtype == torch.bfloat16
+    torch.testing.assert_close(mine.float(), each.float(), rtol=0, atol=0.125)
 
 
 # ------------------------------------------------------------------------------------------------ auto
