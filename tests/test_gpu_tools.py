@@ -28,6 +28,10 @@ def _number(pattern: str, text: str) -> float:
 def test_gpu_check_smoke_runs_every_new_path(tmp_path):
     out = _run(["bash", "tools/gpu_check.sh", "--smoke"], tmp_path)
     assert "done: 0 step(s) failed" in out
+    for conv in ("one client's conv2d", "vmap's grouped conv (stacked)", "channels-last route"):
+        assert f"paths: dtypes: {conv} under bf16 autocast on cpu: eager torch." in out
+    assert "channels-last route under bf16 autocast on cpu: eager torch.bfloat16, compiled (aot_eager) " \
+           "torch.bfloat16" in out  # the route convolves in bf16 as each client's own conv2d does, compiled too
     for algo in ("fedavg", "fedsam"):  # the LightningModule, both runners: the same model up to fp32 rounding
         assert f"paths: lightning {algo} sequential: runner sequential" in out
         assert f"paths: lightning {algo} vmap: runner stacked" in out
