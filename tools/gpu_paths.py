@@ -115,7 +115,7 @@ def lightning(smoke: bool, acc: str, precision: str) -> None:
     for algo in ("fedavg", "fedsam"):
         finals = {}
         for mode in ("sequential", "vmap"):
-            loop = LoopConfig(rounds=2 if smoke else 3, clients_per_round=4, local_steps=2 if smoke else 10,
+            loop = LoopConfig(rounds=1 if smoke else 3, clients_per_round=4, local_steps=2 if smoke else 10,
                               progress=False, client_parallelism=mode, compile=mode == "vmap" and not smoke)
             data = TensorClients(clients, batch_size=4 if smoke else 20, num_classes=10)
             summary, rows, run = _fit(_lit_module(4 if smoke else 64), data, fedlight.create(algo), loop, precision,

@@ -39,6 +39,17 @@ def test_streams_equal_sequential_bitwise(name, precision):
     _close(_state(seq), _state(par), "state", tol=0.0)
 
 
+def test_compiled_streams_equal_compiled_sequential_and_each_copy_trains_its_own_parameters():
+    """Each copy is compiled on its own (the later ones copied from the run's model after it was compiled): a copy's
+    compiled forward must read that copy's parameters, or the round would not equal the compiled sequential one."""
+    torch._dynamo.reset()
+    seq, rows_s = _trained("fedsam", client_parallelism="sequential", compile="aot_eager", vmap_chunk=2)
+    par, rows_p = _trained("fedsam", client_parallelism="streams", compile="aot_eager", vmap_chunk=2)
+    assert par.runner.description == "streams, compiled (no streams on CPU)" and len(par.runner.slots) == 2
+    assert rows_p == pytest.approx(rows_s, abs=1e-6)
+    _close(_state(seq), _state(par), "state", tol=1e-6)
+
+
 def test_streams_in_chunks_with_dropout_keep_each_clients_random_masks():
     """Steps of different clients interleave; each client's generator state travels with it, so dropout draws the
     masks sequential training draws (without that, client 2's first step would take client 1's stream)."""
