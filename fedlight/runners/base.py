@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlight import params as P
+from fedlight.args import COMPILE_MODES
 from fedlight.params import Params
 from fedlight.rules import Broadcast, ClientResult, LocalContext, LocalUpdateRule, RoundInfo
 
@@ -115,3 +116,8 @@ def outcome(job: ClientJob, result: ClientResult, ctx_metrics: dict[str, Any], l
     result.metrics = {**ctx_metrics, **result.metrics}
     return ClientOutcome(job=job, result=result, state=state, buffers=buffers, train_loss=loss_sum / job.num_steps,
                          delta_sqnorm=P.sqnorm(result.delta))
+
+
+def compile_kwargs(compile: bool | str) -> dict[str, Any]:
+    """``torch.compile`` keywords for a ``loop.compile`` value: ``True`` → inductor, a mode, else a backend name."""
+    return {} if compile is True else {"mode": compile} if compile in COMPILE_MODES else {"backend": compile}

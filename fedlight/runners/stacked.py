@@ -34,11 +34,10 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from fedlight import params as P
 from fedlight import precision as precisions
-from fedlight.args import COMPILE_MODES
 from fedlight.errors import ConfigError
 from fedlight.params import Params
 from fedlight.rules import Broadcast, ClientResult, LocalContext, LocalUpdateRule, RoundInfo
-from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, context, outcome
+from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, compile_kwargs, context, outcome
 from fedlight.runners.guard import (
     auto_chunk,
     cause,
@@ -102,15 +101,14 @@ class StackedForward:
         self.norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         fn = self._losses
         if compile:
-            kw = {} if compile is True else {"mode": compile} if compile in COMPILE_MODES else {"backend": compile}
-            fn = torch.compile(fn, dynamic=False, **kw)
+            fn = torch.compile(fn, dynamic=False, **compile_kwargs(compile))
         self.fn = fn
 
     @classmethod
     def shared(cls, model: nn.Module, fabric: Any, compile: bool | str = False) -> StackedForward:
         """One instance per (model, precision, compile), so loops over the same model reuse compiled code."""
         precision = None if fabric is None else fabric.strategy.precision
-        key = (type(precision).__name__, str(getattr(precision, "precision", "")), compile)
+        key = (cls.__name__, type(precision).__name__, str(getattr(precision, "precision", "")), compile)
         per_model = model.__dict__.setdefault("_fedlight_stacked_forwards", {})  # dies with the model
         if key not in per_model:
             per_model[key] = cls(model, fabric, compile)
@@ -295,7 +293,7 @@ class StackedRunner:
     def _fall_back(self, e: BaseException) -> None:
         s = self.setup
         if self.forward.compiled:
-            self.forward, self._compile_failed = StackedForward.shared(s.model, s.fabric, False), True
+            self.forward, self._compile_failed = type(self.forward).shared(s.model, s.fabric, False), True
             line = (f"torch.compile of the stacked step failed ({cause(e)}); training goes on with the eager stacked "
                     "runner. Force a choice with `--loop.compile false` (eager stacked) or "
                     "`--loop.client_parallelism sequential`")
