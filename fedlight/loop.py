@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from fedlight import params as P
 from fedlight.aggregate import Accumulator, Reduced
+from fedlight.algorithms.compose import local_schedule
 from fedlight.args import LoopConfig
 from fedlight.fitting import Diverged, Fitting
 from fedlight.rules import Algorithm, ClientResult, RoundInfo
@@ -88,7 +89,8 @@ class FederatedLoop(Fitting):
         if cfg.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
             data.memory_format = torch.channels_last
-        self.local, self.server = algorithm.local, algorithm.server
+        self.server = algorithm.server
+        self.local = local_schedule(algorithm.local, cfg.local_lr_schedule, cfg.local_lr)  # loop.local_lr_schedule
         self.live = P.trainable(self.model)
         self.live_buffers = P.float_buffers(self.model)
         # BatchNorm step counters: never averaged; advanced by one client's K per round. Other integer buffers

@@ -128,8 +128,9 @@ def test_one_round_of_fit_with_a_tiny_swin_at_the_resized_size(tmp_path):
     fake_cifar100(tmp_path)
     torch.manual_seed(0)
     model = models.Timm("swin_tiny_patch4_window7_224", num_classes=100, **SWIN)
-    algo = fedlight.algorithms.FedAdamW(blocks="hessian", head_dim=16, local_schedule="cosine")
-    loop = LoopConfig(rounds=1, clients_per_round=2, local_steps=2, lr=1e-4, progress=False)
+    algo = fedlight.algorithms.FedAdamW(blocks="hessian", head_dim=16)
+    loop = LoopConfig(rounds=1, clients_per_round=2, local_steps=2, lr=1e-4, local_lr_schedule="cosine",
+                      progress=False)
     fedlight.fit(model, cifar(tmp_path), algo, loop=loop, seed=0, out_dir=str(tmp_path / "run"))
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["round"] == 1 and np.isfinite(row["train_loss"]) and 0 <= row["test_acc"] <= 1
