@@ -204,10 +204,13 @@ def _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_p
     before any file is written."""
     import torch
 
+    from fedlight.data.augment import adopt_preprocessing
     from fedlight.loop import FederatedLoop
     from fedlight.tasks import resolve_task
 
     data.input_dtype = torch.float64 if precision == "64-true" else torch.float32  # float64 data keeps its precision
+    if (note := adopt_preprocessing(model, data)) is not None:  # a pretrained model's mean/std and interpolation
+        fabric.print(f"fedlight: {note}")
     with fabric.rank_zero_first():
         data.setup(fabric.device, seed)
     check(loop.clients_per_round <= data.num_clients,

@@ -155,7 +155,7 @@ class LoopConfig:
     """Show a progress bar (only when stderr is a terminal)."""
 
     def local_lr(self, lr: float, k: int, K: int) -> float:
-        """η_k, the lr of local step k (0-based) of K in a round whose lr is η_r = ``lr`` (``loop.local_lr_schedule``)."""
+        """η_k, the lr of local step k (0-based) of K in a round at η_r = ``lr`` (``loop.local_lr_schedule``)."""
         if self.local_lr_schedule == "cosine":
             return self.local_lr_eta_min + 0.5 * (lr - self.local_lr_eta_min) * (1.0 + math.cos(math.pi * k / K))
         return lr

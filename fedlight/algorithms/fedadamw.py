@@ -13,8 +13,9 @@ State (server): global step counter ``t`` (steps taken before this round, ``r·K
   upload      Δ_i and v̄_i = block means of the final v (B scalars)                           (line 16)
   server      x ← x + η_g·Δ̄;  v̄ ← mean_S v̄_i;  Δ_G ← −Δ̄/(K·η);  t ← t + K                  (lines 18–20)
 Every server mean is the plain mean over S (``weighting = "uniform"``). η is the loop's ``η_r``, optionally
-scheduled over the local steps by the loop (``loop.local_lr_schedule: cosine``: η_k = ½η_r(1 + cos(πk/K))); K and
-η on the server are the round's mean K and η_r (line 18 divides by K·η_r even when the η_k vary). The step itself is :class:`AmendedAdam` (shared with FedLADA) with ``b = α·Δ_G``.
+scheduled over the local steps by the loop (``loop.local_lr_schedule: cosine``: η_k = ½η_r(1 + cos(πk/K))); K
+and η on the server are the round's mean K and η_r (line 18 divides by K·η_r even when the η_k vary). The step
+itself is :class:`AmendedAdam` (shared with FedLADA) with ``b = α·Δ_G``.
 
 Blocks (Appendix D), how ``v̄`` is shared:
   * ``tensor``: one block per parameter tensor.

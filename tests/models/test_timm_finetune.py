@@ -67,6 +67,7 @@ def test_pretrained_loads_hub_weights_and_replaces_the_head(monkeypatch):
         return {k: v.clone() for k, v in source.state_dict().items()}
 
     monkeypatch.setattr(timm.models._builder, "load_state_dict_from_hf", fake_hub)
+    monkeypatch.setattr("fedlight.models.hub.reachable", lambda timeout=3.0: True)  # as if the Hub answered
     model = models.Timm("vit_tiny_patch16_224.augreg_in21k", num_classes=10, pretrained=True, **VIT)
     assert asked == ["timm/vit_tiny_patch16_224.augreg_in21k"]
     assert torch.equal(model.model.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
