@@ -8,6 +8,7 @@ move them to the device in one copy and slice per batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -132,4 +133,4 @@ def adopt_preprocessing(model: Any, data: Any) -> str | None:
             data.mean_arg, data.std_arg = data.mean, data.std
     data.interpolation = cfg.get("interpolation", data.interpolation)
     stats = f"mean {data.mean}, std {data.std}" if "mean" in cfg else "the data module's mean/std"
-    return f"inputs normalised with {stats}, resized {data.interpolation}: from {cfg['source']}"
+    return f"inputs normalised with {stats}, resize interpolation {data.interpolation}: from {cfg['source']}"
