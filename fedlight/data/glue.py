@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from fedlight.data.base import FederatedDataModule, data_root, select
 from fedlight.data.cache import cached, digest, file_digest
 from fedlight.data.partition import Dirichlet, Partitioner
 from fedlight.errors import ConfigError
+from fedlight.models import hub
 
 
 @dataclass(frozen=True)
@@ -165,8 +167,6 @@ def load_tokenizer(name: str) -> Any:
         from transformers import AutoTokenizer
     except ImportError as e:
         raise ConfigError("GLUE needs the nlp extra: pip install 'fedlight[nlp]'") from e
-    from fedlight.models import hub
-
     local = os.path.isdir(name)
     try:
         return AutoTokenizer.from_pretrained(name, local_files_only=local or not hub.available())
@@ -205,37 +205,24 @@ def read_split(task: str, train: bool, root: Path) -> tuple[list[tuple[str, ...]
     for folder in _folders(task, root):
         if folder.is_dir():
             return _read_folder(task, train, folder)
-    from fedlight.models import hub
-
-    if not hub.available() and not (hub.offline() and _datasets_installed()):  # offline, `datasets` reads its cache
+    if not hub.available() and not (hub.offline() and importlib.util.find_spec("datasets")):  # its cache, offline
         raise ConfigError(_missing(task, root, hub.why_not()))
     try:
         return _read_hub(task, train)
     except ConfigError:
         raise
-    except Exception as e:  # noqa: BLE001 - datasets' network, cache and not-found errors: one message
-        raise ConfigError(_missing(task, root, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-                          ) from None
+    except (OSError, ValueError, RuntimeError) as e:  # datasets' network, cache and not-found errors: one message
+        raise ConfigError(_missing(task, root, f"{type(e).__name__}: {(str(e) or '-').splitlines()[0]}")) from None
 
 
 def _missing(task: str, root: Path, why: str) -> str:
     """A missing GLUE folder that the Hub cannot supply: where fedlight looked and the local alternatives."""
-    from fedlight.models import hub
-
-    spec = TASKS[task]
-    looked = "\n".join(f"  - {f}" for f in _folders(task, root))
-    fetch = hub.download_command("nyu-mll/glue", "--repo-type", "dataset", "--include", f"'{task}/*'", "--local-dir",
-                                 str(root / "glue"))
-    return (f"GLUE {spec.folder} not found locally and not from the Hub ({why}). Looked in:\n{looked}\nFix: put GLUE's "
-            f"{spec.folder} TSV files (train.tsv, {spec.dev_tsv}) or the Hub's parquet files in one of those folders "
-            f"(where the Hub is reachable: `{fetch}`), or set `data.init_args.root` / FEDLIGHT_DATA to the folder "
-            "holding them; a `datasets` cache of nyu-mll/glue is read with HF_HUB_OFFLINE=1")
-
-
-def _datasets_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("datasets") is not None
+    looked, name = "\n".join(f"  - {f}" for f in _folders(task, root)), TASKS[task].folder
+    fetch = hub.download_command("nyu-mll/glue", f"--repo-type dataset --include '{task}/*' --local-dir {root}/glue")
+    return (f"GLUE {name} not found locally and not from the Hub ({why}). Looked in:\n{looked}\nFix: put GLUE's {name} "
+            f"TSV files (train.tsv, {TASKS[task].dev_tsv}) or the Hub's parquet files in one of those folders (where "
+            f"the Hub is reachable: `{fetch}`), or set `data.init_args.root` / FEDLIGHT_DATA to the folder holding "
+            "them; a `datasets` cache of nyu-mll/glue is read with HF_HUB_OFFLINE=1")
 
 
 def _folders(task: str, root: Path) -> list[Path]:
