@@ -93,12 +93,9 @@ class LoopConfig:
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
     """Round schedule of the local learning rate."""
     local_lr_schedule: Literal["constant", "cosine"] = "constant"
-    """The lr over a round's K local steps, on top of the round's η_r (k = 0..K−1 the local step): constant:
-    η_k = η_r; cosine: η_k = η_min + ½(η_r − η_min)(1 + cos(πk/K)), from η_r at the first step down towards η_min
-    (the FedAdamW paper's "cosine decay ... over the 50 local steps per round", Appendix C). The loop applies it to
-    every rule; a rule that divides by the lr keeps its paper's divisor (SCAFFOLD: Σ_k η_k; FedAdamW: K·η_r)."""
+    """lr of local step k = 0..K−1, every rule: constant η_r; cosine η_min + ½(η_r − η_min)(1 + cos(πk/K))."""
     local_lr_eta_min: float = 0.0
-    """η_min of the cosine local schedule (an absolute lr, 0 <= η_min < loop.lr)."""
+    """η_min of the local cosine (0 <= η_min < loop.lr)."""
     optimizer: str = "torch.optim.SGD"
     """Local optimizer: the class path of a ``torch.optim.Optimizer`` subclass, built per client as
     ``cls(params, lr=η_r, weight_decay=loop.weight_decay, [momentum=loop.momentum,] **loop.optimizer_args)``
@@ -155,7 +152,12 @@ class LoopConfig:
     """Show a progress bar (only when stderr is a terminal)."""
 
     def local_lr(self, lr: float, k: int, K: int) -> float:
-        """η_k, the lr of local step k (0-based) of K in a round at η_r = ``lr`` (``loop.local_lr_schedule``)."""
+        """η_k, the lr of local step k (0-based) of K in a round at η_r = ``lr`` (``loop.local_lr_schedule``).
+
+        cosine: ``η_k = η_min + ½(η_r − η_min)(1 + cos(πk/K))``, from η_r at the first step down towards η_min,
+        restarted every round (the FedAdamW paper's "cosine decay ... over the 50 local steps per round", Appendix C). The loop
+        applies it to every rule (:func:`fedlight.algorithms.compose.local_schedule`); a rule that divides by the lr
+        keeps its paper's divisor (SCAFFOLD: ``Σ_k η_k``; FedAdamW's Δ_G: ``K·η_r``)."""
         if self.local_lr_schedule == "cosine":
             return self.local_lr_eta_min + 0.5 * (lr - self.local_lr_eta_min) * (1.0 + math.cos(math.pi * k / K))
         return lr
