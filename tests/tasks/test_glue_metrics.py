@@ -36,8 +36,11 @@ def f1_by_counts(pred, true, n):
     return float(np.mean([one(k) for k in present]))
 
 
-@pytest.mark.parametrize("pred, true", [([0] * 8, [0, 1] * 4), ([1] * 8, [0, 1] * 4), ([0, 1] * 4, [1] * 8),
-                                        ([2] * 9, [0, 1, 2] * 3)])
+@pytest.mark.parametrize("pred, true", [
+    ([0] * 8, [0, 1] * 4), ([1] * 8, [0, 1] * 4), ([0, 1] * 4, [1] * 8), ([2] * 9, [0, 1, 2] * 3),
+    ([0] * 7, [0, 0, 0, 0, 1, 1, 1]), ([1] * 7, [0, 0, 0, 0, 1, 1, 1]),  # unbalanced: torchmetrics gave ±0.109
+    ([1] * 1043, [1] * 721 + [0] * 322), ([0] * 1043, [1] * 721 + [0] * 322),  # CoLA's dev split: 721 / 322
+])
 def test_a_constant_predictor_or_a_single_class_has_mcc_0(pred, true):
     n = max(max(pred), max(true)) + 1
     assert metric_value(mcc, max(n, 2), np.array(pred), np.array(true)) == 0.0
