@@ -77,9 +77,11 @@ def available() -> bool:
 
 
 def why_not() -> str:
-    """Why :func:`available` is False, for messages."""
+    """Why the Hub gave nothing, for messages (probes again when the environment allows the Hub)."""
     if offline():
         return "HF_HUB_OFFLINE is set"
+    if reachable():
+        return f"{endpoint()} answers, but the download failed: check the name"
     return f"{endpoint()} cannot be reached within {PROBE_S:g} s (no network, or a proxy that does not answer)"
 
 
