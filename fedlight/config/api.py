@@ -29,6 +29,7 @@ from fedlight.config.args import LoopConfig
 from fedlight.config.spec import build, describe
 from fedlight.core.rules import Algorithm, LocalUpdateRule
 from fedlight.data import FederatedDataModule, as_federated
+from fedlight.data.augment import adopt_preprocessing
 from fedlight.engine.driver import FitDriver
 from fedlight.engine.loop import FederatedLoop
 from fedlight.errors import ConfigError, check
@@ -239,6 +240,8 @@ def _prepare(fabric, plan: Plan, record: RunRecord) -> FitDriver:
     before any file is written."""
     data = plan.data
     data.input_dtype = torch.float64 if plan.precision == "64-true" else torch.float32  # float64 data stays float64
+    if (note := adopt_preprocessing(plan.model, data)) is not None:  # a pretrained model's mean/std, interpolation
+        fabric.print(f"fedlight: {note}")
     with fabric.rank_zero_first():
         data.setup(fabric.device, plan.seed)
     _check_clients(plan.loop, data.num_clients)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fedlight.algorithms.compose import local_schedule
 from fedlight.config.args import LoopConfig
 from fedlight.core import params as P
 from fedlight.core.params import Params
@@ -99,7 +100,8 @@ class FederatedLoop:
         if cfg.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
             data.memory_format = torch.channels_last
-        self.local, self.server = algorithm.local, algorithm.server
+        self.server = algorithm.server
+        self.local = local_schedule(algorithm.local, cfg.local_lr_schedule, cfg.local_lr)  # loop.local_lr_schedule
         self.live = P.trainable(self.model)
         self.live_buffers = P.float_buffers(self.model)
         if fabric.world_size > 1:  # every rank starts from rank 0's initial model

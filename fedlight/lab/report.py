@@ -175,7 +175,8 @@ def metric_label(metric: str) -> str:
     key = curve_key(metric)
     if key is None:
         return {"seconds_per_round": "seconds per round", "final_train_loss": "final train loss"}[metric]
-    name = {"acc": "accuracy"}.get(metric_name(key), metric_name(key).replace("_", " "))
+    name = {"acc": "accuracy", "mcc": "MCC (Matthews correlation)", "f1": "F1"}.get(
+        metric_name(key), metric_name(key).replace("_", " "))
     unit = " (%)" if is_fraction(key) else ""
     if metric.startswith("last_"):
         return f"mean test {name} over the last {last_count(metric)} evaluations{unit}"
@@ -445,6 +446,12 @@ def _gap_fields(g: dict[str, Any] | None) -> list[str]:
             "" if g["same_sign"] is None else str(g["same_sign"]).lower()]
 
 
+def _own_metrics(spec: dict, cs: list) -> str:
+    """The columns whose cells report another metric than the spec's, e.g. " (column cola: final test MCC (%))"."""
+    own = {c.col: c.metric for c in cs if c.metric != spec["metric"]}
+    return "".join(f" (column {col}: {metric_label(m)})" for col, m in own.items())
+
+
 def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Path]], seeds: list[int], out: Path,
                 command: str, shrink: str | None, jobs: int, previous: str | None = None) -> str:
     """``fedlight reproduce``'s output: ``table.md``, ``table.csv`` and ``curves*.png`` (one figure per column that
@@ -459,8 +466,8 @@ def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Pat
     rounds = sorted({(read_summary(r) or {}).get("rounds_completed") for r in runs} - {None})
     lines = [f"# {spec['title']}", "",
              f"- Spec: `{spec_path}` · base recipe `{spec['base']}`",
-             f"- Metric: {metric_label(spec['metric'])}" + "".join(f"; also {metric_label(m)}"
-                                                                    for m in spec.get("also", [])),
+             f"- Metric: {metric_label(spec['metric'])}" + _own_metrics(spec, cs) + "".join(
+                 f"; also {metric_label(m)}" for m in spec.get("also", [])),
              f"- Seeds: {', '.join(map(str, seeds))} (mean ± sample std over seeds) · rounds: "
              f"{', '.join(map(str, rounds)) or '-'} · shrink: {shrink or 'none (full scale)'} · jobs: {jobs}",
              f"- Hardware: {hardware(runs)}",
