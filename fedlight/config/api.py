@@ -12,6 +12,7 @@ import functools
 import inspect
 import json
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,8 +198,10 @@ def _model_and_config(model, data, algorithm, task, loop, seed, precision, text)
 
 def _fabric(accelerator: str, devices: int, num_nodes: int, precision: str):
     try:
-        fabric = L.Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
-                          strategy="ddp" if devices * num_nodes > 1 else "auto")
+        with warnings.catch_warnings():  # a machine with Slurm's client tools installed is not a Slurm job
+            warnings.filterwarnings("ignore", message="The `srun` command is available")
+            fabric = L.Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
+                              strategy="ddp" if devices * num_nodes > 1 else "auto")
     except (ValueError, RuntimeError, TypeError) as e:
         raise ConfigError(f"`accelerator`/`devices`/`precision` ({accelerator}, {devices}, {precision}): "
                           f"{str(e).splitlines()[0]}") from None

@@ -130,12 +130,10 @@ class LoopConfig:
     client_dropout: float = 0.0
     """Probability that a sampled client fails to report (seeded by (seed, round, client)); its state is untouched."""
     client_parallelism: Literal["auto", "sequential", "vmap", "streams"] = "auto"
-    """How each process runs its clients (the runner; the run's log says which ran and why). auto: vmap + compile
-    on a CUDA device when the rule and model allow it, else sequential. sequential: one after another on one
-    model. vmap: together, stacked along a client dimension (torch.func.vmap + functional_call; memory grows with
-    the chunk); clients go together when their step count, batch sizes and state keys agree; rules that cannot run
-    stacked are refused before training. streams: a model copy per client of a chunk (``vmap_chunk``), their steps
-    interleaved on CUDA streams (plain, not grouped, convolutions; every rule; exact)."""
+    """How each process runs its clients (the log says which ran and why; docs/speed.md). auto: vmap + compile on
+    CUDA when the rule and model allow it, else sequential. sequential: one after another on one model. vmap:
+    stacked along a client dimension (torch.func; memory grows with the chunk). streams: a model copy per client of
+    a chunk, steps interleaved on CUDA streams (every rule; exact)."""
     vmap_chunk: int | str | None = None  # str, not Literal["auto"]: a wrong value gets the check's message
     """Stacked runner only: at most this many clients trained together (bounds memory); null: all of a group; auto:
     as many as fit in the free memory by the model's measured per-client footprint. A chunk that runs out of memory
@@ -145,11 +143,9 @@ class LoopConfig:
     convolutions on GPU; no effect on the math). The stacked runner then also keeps its grouped convolutions
     channels-last end to end."""
     compile: bool | str | None = None
-    """torch.compile the client computation: the model (sequential) or the stacked loss (vmap). true: inductor;
-    a mode ("reduce-overhead" for CUDA graphs, on CPU the same as true; "max-autotune") or a backend name
-    ("aot_eager"); false: never; null: automatic (compiled with the stacked runner that auto picks on CUDA, else
-    not). The first round pays the compilation; if compiling the stacked step fails, the run falls back to the eager
-    stacked runner (then sequential) and says why."""
+    """torch.compile the client computation. true: inductor; a mode ("reduce-overhead": CUDA graphs) or a backend
+    ("aot_eager"); false: never; null: with the stacked runner that auto picks on CUDA. A failing compile falls back
+    to eager stacked, then sequential, and says why."""
     progress: bool = True
     """Show a progress bar (only when stderr is a terminal)."""
 
