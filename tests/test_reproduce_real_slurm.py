@@ -5,6 +5,7 @@ spellings of the resources. Skipped, with the reason, where no Slurm can be star
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from datetime import datetime
@@ -137,6 +138,7 @@ def test_scancel_leaves_the_run_stopped_and_the_same_command_resumes_it(on_slurm
     job = str(jobs.read(out / RUN)["job"])
     on_slurm.run("scancel", job)
     on_slurm.wait_for(lambda: jobs.read(out / RUN).get("state") == "stopped", "job.json to say stopped")
+    on_slurm.wait_for(lambda: on_slurm.job(job)["JobState"] == "CANCELLED", "the job's processes to end", 60)
     line = _status(spec, out, capsys)[0]
     assert line.split()[2:6] == ["stopped", "2", "rounds", "done,"] and line.endswith("Slurm: CANCELLED"), line
     again = _cli([*_args(spec, out, "--cells", "fedavg/*", "--wait")])
@@ -153,7 +155,7 @@ def test_status_reads_a_failed_job_from_slurm(on_slurm, tmp_path, monkeypatch, c
     failed = _cli([*_args(spec, out, "--cells", "fedavg/*", "--wait")])
     assert failed.returncode == 1, failed.stderr[-2000:]
     line = _status(spec, out, capsys)[0]
-    assert line.split()[2] == "failed" and line.endswith("Slurm: FAILED"), line
+    assert line.split()[2:5] == ["failed", "exit", "status"] and line.endswith("; Slurm: FAILED (NonZeroExitCode)")
 
 
 def test_sbatch_takes_the_resources_as_slurm_spells_them(on_slurm, tmp_path, capsys):
@@ -183,3 +185,28 @@ def test_sbatch_takes_the_resources_as_slurm_spells_them(on_slurm, tmp_path, cap
     on_slurm.run("scancel", *held)
     assert main(_args(spec, tmp_path / "bad", mem="4GB")) == 2
     assert "`--mem` (or the spec's `slurm.mem`) '4GB'" in capsys.readouterr().err
+
+
+def test_the_docs_single_node_section_runs_as_written(slurm_cluster, tmp_path):
+    """docs/clusters.md "Try it on one machine": its block, as written, in a folder with the doc's toy table (and
+    the checkout's tools/), on a Slurm of its own (the script's default folder; a free port)."""
+    from slurm_cluster import SCRIPT, free_port_pair
+    from test_docs import DOCS, blocks
+
+    doc = blocks(DOCS / "clusters.md")
+    block = next(b for b in doc if b.lang == "bash" and "slurm_single_node.sh start" in b.code)
+    for b in doc:
+        if b.file:
+            (tmp_path / b.file).write_text(b.code)
+    (tmp_path / "tools").symlink_to(SCRIPT.parent)
+    env = {**os.environ, "FEDLIGHT_SLURM_PORT": str(free_port_pair()),
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
+    env.pop("SLURM_CONF", None)
+    try:
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.splitlines()[-2].split()[2:] == ["done", "Slurm:", "COMPLETED"]
+    assert jobs.read(tmp_path / "runs" / "toy_single_node" / "fedavg" / "result" / "seed0")["launcher"] == "slurm"

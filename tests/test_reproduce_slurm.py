@@ -151,3 +151,24 @@ def test_local_per_gpu_gives_each_process_its_gpu(tmp_path, monkeypatch, capsys)
         reproduce.gpu_slots(2, 0)
     assert main(["reproduce", str(spec), "--partition", "gpu", "--out", str(tmp_path / "o")]) == 2
     assert "need `--launcher slurm`" in capsys.readouterr().err
+
+
+def test_the_slurm_launcher_and_reproduce_import_no_circle():
+    """reproduce imports slurm (for ``--launcher slurm``); slurm imports nothing of reproduce, not even inside a
+    function: a job gets the functions that run a run from the launcher, pickled with it."""
+    import ast
+    import inspect
+
+    from fedlight.lab import slurm
+
+    def imported(module) -> set[str]:
+        names = set()
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                names |= {f"{node.module}.{a.name}" for a in node.names} | {node.module or ""}
+        return names
+
+    assert "fedlight.lab.slurm" in imported(reproduce)
+    assert not {n for n in imported(slurm) | imported(jobs) if n.startswith("fedlight.lab.reproduce")}
