@@ -129,16 +129,23 @@ def test_a_job_at_its_time_limit_is_requeued_by_the_launcher_and_finishes(on_slu
 
 def test_scancel_leaves_the_run_stopped_and_the_same_command_resumes_it(on_slurm, reference, tmp_path, monkeypatch,
                                                                         capsys):
+    """``scancel`` of the job of a ``--wait`` command: the command returns (it fails: the run is not finished), the
+    run is "stopped" next to Slurm's CANCELLED, and the same command resubmits the run, which resumes."""
     spec, out, ready = write_spec(tmp_path / "quick.yaml"), tmp_path / "out", tmp_path / "ready"
+    command = [sys.executable, "-m", "fedlight.cli", *_args(spec, out, "--cells", "fedavg/*", "--wait")]
     with monkeypatch.context() as paused:
         paused.setenv("FEDLIGHT_FAULT", "train@2:pause")
         paused.setenv("FEDLIGHT_FAULT_READY", str(ready))
-        assert main([*_args(spec, out, "--cells", "fedavg/*")]) == 0
-    on_slurm.wait_for(ready.exists, "the run to reach round 2")
-    job = str(jobs.read(out / RUN)["job"])
-    on_slurm.run("scancel", job)
-    on_slurm.wait_for(lambda: jobs.read(out / RUN).get("state") == "stopped", "job.json to say stopped")
-    on_slurm.wait_for(lambda: on_slurm.job(job)["JobState"] == "CANCELLED", "the job's processes to end", 60)
+        waiting = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        on_slurm.wait_for(ready.exists, "the run to reach round 2")
+        job = str(jobs.read(out / RUN)["job"])
+        on_slurm.run("scancel", job)
+        _, err = waiting.communicate(timeout=120)  # without accounting, submitit alone would wait for ever
+        assert waiting.returncode == 1, err[-2000:]
+    finally:
+        waiting.kill()
+    assert jobs.read(out / RUN)["state"] == "stopped" and on_slurm.job(job)["JobState"] == "CANCELLED"
     line = _status(spec, out, capsys)[0]
     assert line.split()[2:6] == ["stopped", "2", "rounds", "done,"] and line.endswith("Slurm: CANCELLED"), line
     again = _cli([*_args(spec, out, "--cells", "fedavg/*", "--wait")])
