@@ -21,8 +21,7 @@ export SLURM_CONF=$dir/slurm.conf
 die() { echo "slurm_single_node: $*" >&2; exit 1; }
 
 install() {
-    command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null \
-        && command -v munged >/dev/null && return
+    [ -x $sbin/slurmctld ] && [ -x $sbin/slurmd ] && [ -x $sbin/munged ] && command -v sbatch >/dev/null && return
     [ "$(id -u)" = 0 ] || die "Slurm is not installed and this is not root: install slurmctld slurmd slurm-client munge"
     command -v apt-get >/dev/null || die "Slurm is not installed and there is no apt-get to install it"
     echo "slurm_single_node: installing slurmctld slurmd slurm-client munge (apt-get)" >&2
