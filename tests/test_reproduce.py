@@ -335,3 +335,18 @@ def test_previous_table_fills_seeds_whose_runs_are_gone(tmp_path, capsys):
     assert "--previous" in capsys.readouterr().err
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     assert main([*base, "--previous", str(tmp_path / "other.csv")]) == 2
+
+
+def test_table_header_names_each_columns_own_metric(tmp_path):
+    """Table 3: the headline is accuracy, CoLA's cells are MCC; the header says so (no runs needed)."""
+    path = ROOT / "recipes" / "tables" / "fedadamw_table3.yaml"
+    spec = yaml.safe_load(path.read_text())
+    cs = reproduce.cells(spec)
+    for c in cs:
+        c.values = {m: ["missing"] for m in [c.metric, *spec["also"]]}
+        c.revisions = ["missing"]
+    report.write_table(spec, path, cs, [], [0], tmp_path, "fedlight reproduce", None, 1)
+    head = next(line for line in (tmp_path / "table.md").read_text().splitlines() if line.startswith("- Metric:"))
+    assert head.startswith("- Metric: final test accuracy (%) (column cola: final test MCC (Matthews correlation) "
+                           "(%));"), head
+    assert head.count("column ") == 1

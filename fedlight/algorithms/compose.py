@@ -13,7 +13,6 @@ FedNSAM-S are a momentum server wrapped in the SCAFFOLD server.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -227,6 +226,13 @@ class InRoundLR(LocalUpdateRule):
         return self.inner.finish(model, ctx)
 
 
-def in_round_cosine(lr: float, k: int, K: int) -> float:
-    """``η_k = ½·η_r·(1 + cos(π·k/K))``, k = 0..K−1: from η_r down towards 0 over the round's local steps."""
-    return 0.5 * lr * (1.0 + math.cos(math.pi * k / K))
+def local_schedule(local: LocalUpdateRule, schedule: str, lr_of_step: Callable[[float, int, int], float]
+                   ) -> LocalUpdateRule:
+    """The client rule the loop runs under ``loop.local_lr_schedule``: ``local`` itself when ``schedule`` is
+    ``constant``, else ``local`` with the lr of local step k set to ``lr_of_step(η_r, k, K)`` (:class:`InRoundLR`).
+    A rule that already schedules its own in-round lr (FedSWA's linear decay) is refused."""
+    if schedule == "constant":
+        return local
+    check(not isinstance(local, InRoundLR), f"`loop.local_lr_schedule: {schedule}`: this rule already sets its own "
+          "lr inside the round (FedSWA/FedMoSWA's ρ); keep `loop.local_lr_schedule: constant` for it")
+    return InRoundLR(local, lr_of_step)

@@ -13,8 +13,9 @@ State (server): global step counter ``t`` (steps taken before this round, ``r·K
   upload      Δ_i and v̄_i = block means of the final v (B scalars)                           (line 16)
   server      x ← x + η_g·Δ̄;  v̄ ← mean_S v̄_i;  Δ_G ← −Δ̄/(K·η);  t ← t + K                  (lines 18–20)
 Every server mean is the plain mean over S (``weighting = "uniform"``). η is the loop's ``η_r``, optionally
-scheduled over the local steps (``local_schedule: cosine``: η_k = ½η_r(1 + cos(πk/K))); K and η on the server are
-the round's mean K and η_r. The step itself is :class:`AmendedAdam` (shared with FedLADA) with ``b = α·Δ_G``.
+scheduled over the local steps by the loop (``loop.local_lr_schedule: cosine``: η_k = ½η_r(1 + cos(πk/K))); K
+and η on the server are the round's mean K and η_r (line 18 divides by K·η_r even when the η_k vary). The step
+itself is :class:`AmendedAdam` (shared with FedLADA) with ``b = α·Δ_G``.
 
 Blocks (Appendix D), how ``v̄`` is shared:
   * ``tensor``: one block per parameter tensor.
@@ -57,7 +58,7 @@ from torch import Tensor, nn
 
 from fedlight import params as P
 from fedlight.advice import Scale
-from fedlight.algorithms.compose import InRoundLR, in_round_cosine, released, values
+from fedlight.algorithms.compose import released, values
 from fedlight.algorithms.fedlada import AmendedAdam
 from fedlight.errors import ConfigError, check
 from fedlight.params import Params
@@ -323,8 +324,9 @@ class FedAdamW(Algorithm):
         aggregate_v: start local v from the aggregated v̄ (False: v_0 = 0, nothing about v is sent).
         decoupled: decoupled weight decay (AdamW); False is coupled L2.
         variant: 2 (Algorithm 2) or 3 (Algorithm 3).
-        local_schedule: the lr over a round's K local steps: "constant" (η_r throughout) or "cosine"
-            (η_k = ½η_r(1 + cos(πk/K)), the paper's Swin/RoBERTa set-ups, Appendix C), on top of the round schedule.
+        local_schedule: removed: the in-round lr schedule is the loop's, for every rule
+            (``loop.local_lr_schedule: cosine``, η_k = ½η_r(1 + cos(πk/K)) at ``loop.local_lr_eta_min: 0``); any
+            value here is refused with that fix. Δ_G still divides by K·η_r (line 18), not by Σ_k η_k.
         bias_correction: "paper" (m̂ with the local k, line 11) or "released" (with the global t, as the
             released code).
         step_scale: "paper" (Adam step and decay at η) or "released" (both at η(1 − α), the July-2025 original;
@@ -338,7 +340,7 @@ class FedAdamW(Algorithm):
                  blocks: Literal["tensor", "hessian", "none"] = "tensor", head_dim: int = 64,
                  min_block_size: int = 512, max_blocks: int | None = None, aggregate_v: bool = True,
                  decoupled: bool = True, variant: Literal[2, 3] = 2,
-                 local_schedule: Literal["constant", "cosine"] = "constant",
+                 local_schedule: str | None = None,
                  bias_correction: Literal["paper", "released"] = "paper",
                  step_scale: Literal["paper", "released"] = "paper") -> None:
         check(variant in (2, 3), f"`algorithm.variant` must be 2 or 3, got {variant!r}")
@@ -359,8 +361,9 @@ class FedAdamW(Algorithm):
               f"`algorithm.min_block_size` must be an integer >= 1, got {min_block_size!r}")
         check(max_blocks is None or (isinstance(max_blocks, int) and max_blocks >= 1),
               f"`algorithm.max_blocks` must be null or an integer >= 1, got {max_blocks!r}")
-        check(local_schedule in ("constant", "cosine"),
-              f"`algorithm.local_schedule` must be 'constant' or 'cosine', got {local_schedule!r}")
+        check(local_schedule is None, f"`algorithm.local_schedule` ({local_schedule!r}) moved to the loop, which "
+              "applies it to every rule: set `loop.local_lr_schedule: cosine` (or `constant`) and remove "
+              "`algorithm.local_schedule`")
         global_bias1 = released("bias_correction", bias_correction)
         scaled = released("step_scale", step_scale)
         check(variant == 2 or not scaled, "`algorithm.step_scale: released` is the July-2025 form of Algorithm 2; "
@@ -368,8 +371,6 @@ class FedAdamW(Algorithm):
         check(not scaled or alpha <= 1, f"`algorithm.alpha` must be in [0, 1] with `step_scale: released` (the "
               f"Adam step is scaled by 1 − α), got {alpha}")
         part = _Blocks(blocks, head_dim, min_block_size, max_blocks)
-        client: LocalUpdateRule = FedAdamWClient(part, alpha, lam, beta1, beta2, eps, decoupled, aggregate_v, variant,
-                                                 global_bias1, (1.0 - alpha) if scaled else 1.0)
-        if local_schedule == "cosine":
-            client = InRoundLR(client, in_round_cosine)  # η_k inside the round; Δ_G still divides by K·η_r (line 18)
+        client = FedAdamWClient(part, alpha, lam, beta1, beta2, eps, decoupled, aggregate_v, variant, global_bias1,
+                                (1.0 - alpha) if scaled else 1.0)  # loop.local_lr_schedule sets η_k per step
         super().__init__(client, FedAdamWServer(part, server_lr, aggregate_v, variant))

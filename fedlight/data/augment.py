@@ -8,6 +8,7 @@ move them to the device in one copy and slice per batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -75,12 +76,13 @@ class CropFlip:
         return crop_flip(x, params[:, 0], params[:, 1], params[:, 2].bool())
 
 
-def resize(x: Tensor, size: int) -> Tensor:
-    """Resize images ``[B, C, H, W]`` to ``size × size`` (bilinear, antialiased; when enlarging that is plain
-    bilinear), rounded back to ``x``'s dtype for integer images; a batch already of that size is returned as it is."""
+def resize(x: Tensor, size: int, mode: str = "bilinear") -> Tensor:
+    """Resize images ``[B, C, H, W]`` to ``size × size`` (``mode``: bilinear or bicubic, antialiased; when enlarging
+    that is the plain filter), rounded back to ``x``'s dtype for integer images; a batch already of that size is
+    returned as it is."""
     if x.shape[-2:] == (size, size):
         return x
-    out = F.interpolate(x.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+    out = F.interpolate(x.float(), size=(size, size), mode=mode, align_corners=False, antialias=True)
     if x.dtype.is_floating_point:
         return out.to(x.dtype)
     return out.round_().clamp_(0, 255).to(x.dtype)
@@ -116,3 +118,19 @@ class Chain:
             x = s.apply(x, params[:, start:start + s.param_width])
             start += s.param_width
         return x
+
+
+def adopt_preprocessing(model: Any, data: Any) -> str | None:
+    """Give an image data module the pretrained model's preprocessing (``model.preprocessing_config``: mean, std,
+    interpolation; :class:`fedlight.models.Timm`) before ``setup``; returns the line the run prints, or None when
+    the model brings none (the data module's statistics and bilinear resizing stay)."""
+    cfg = getattr(model, "preprocessing_config", None)
+    if not cfg or not hasattr(data, "interpolation"):
+        return None
+    if "mean" in cfg:
+        data.mean, data.std = tuple(cfg["mean"]), tuple(cfg["std"])
+        if hasattr(data, "mean_arg"):  # folder datasets that would otherwise compute their own statistics
+            data.mean_arg, data.std_arg = data.mean, data.std
+    data.interpolation = cfg.get("interpolation", data.interpolation)
+    stats = f"mean {data.mean}, std {data.std}" if "mean" in cfg else "the data module's mean/std"
+    return f"inputs normalised with {stats}, resize interpolation {data.interpolation}: from {cfg['source']}"

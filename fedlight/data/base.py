@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedlight.config.spec import remember_init_args
 from fedlight.data.augment import CropFlip, resize
 from fedlight.data.partition import IID, Partitioner, partition_cached
 from fedlight.errors import ConfigError, DataNotFoundError
-from fedlight.spec import remember_init_args
 
 SUBSET_TRAIN_TAG = 0x5B71  # SeedSequence([seed, tag]) for the train subset
 SUBSET_TEST_TAG = 0x5B72  # ... and the test subset
@@ -109,7 +109,9 @@ class FederatedDataModule:
     std: tuple[float, ...] | None = None
     augmentation: CropFlip | None = None
     resize_to: int | None = None
-    """Side to which gathered images are resized on the device (bilinear) before augmentation, train and test."""
+    """Side to which gathered images are resized on the device before augmentation, train and test."""
+    interpolation: str = "bilinear"
+    """How ``resize_to`` resizes (bilinear / bicubic); a pretrained model may set it (``adopt_preprocessing``)."""
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -316,7 +318,7 @@ class FederatedDataModule:
     def _gather(self, source: Tensor, rows: Tensor | slice) -> Tensor:
         """``source[rows]``, resized to ``resize_to`` when that is set."""
         x = source[rows]
-        return x if self.resize_to is None else resize(x, self.resize_to)
+        return x if self.resize_to is None else resize(x, self.resize_to, self.interpolation)
 
     def batch_sizes(self, client_id: int, num_steps: int) -> tuple[int, ...]:
         """The sizes of the ``num_steps`` batches :meth:`client_batches` yields for ``client_id``."""

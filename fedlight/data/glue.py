@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from fedlight.data.base import FederatedDataModule, data_root, select
 from fedlight.data.cache import cached, digest, file_digest
 from fedlight.data.partition import Dirichlet, Partitioner
 from fedlight.errors import ConfigError
+from fedlight.models import hub
 
 
 @dataclass(frozen=True)
@@ -165,18 +167,17 @@ def load_tokenizer(name: str) -> Any:
         from transformers import AutoTokenizer
     except ImportError as e:
         raise ConfigError("GLUE needs the nlp extra: pip install 'fedlight[nlp]'") from e
-    from fedlight.models.hf import hub_offline
-
     local = os.path.isdir(name)
     try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=local or hub_offline())
+        return AutoTokenizer.from_pretrained(name, local_files_only=local or not hub.available())
     except (OSError, ValueError) as e:
         if local:
             raise ConfigError(f"`data.init_args.tokenizer` {name!r} holds no tokenizer files ({e}); save the model's "
                               "tokenizer there with `save_pretrained`") from None
         raise ConfigError(f"`data.init_args.tokenizer` {name!r} is a Hugging Face Hub name, but the Hub cannot be "
-                          "reached (offline) and it is not in the local cache; give a local directory holding the "
-                          "model's tokenizer files (saved with `save_pretrained`)") from None
+                          f"used ({hub.why_not()}) and it is not in the local cache; give a local directory holding "
+                          "the model's tokenizer files (saved with `save_pretrained`), e.g. fetched where the Hub is "
+                          f"reachable with `{hub.download_command(name, '--local-dir', 'DIR')}`") from None
 
 
 def tokenizer_key(tok: Any) -> str:
@@ -201,18 +202,27 @@ def tokenize(tok: Any, texts: list[tuple[str, ...]], labels: np.ndarray, max_len
 # ---------------------------------------------------------------------------------------------- reading files
 def read_split(task: str, train: bool, root: Path) -> tuple[list[tuple[str, ...]], np.ndarray, str]:
     """``(texts, labels, content key)`` of a split: local TSV/parquet files, else (online) Hugging Face ``datasets``."""
-    spec = TASKS[task]
     for folder in _folders(task, root):
         if folder.is_dir():
             return _read_folder(task, train, folder)
-    from fedlight.models.hf import hub_offline
+    if not hub.available() and not (hub.offline() and importlib.util.find_spec("datasets")):  # its cache, offline
+        raise ConfigError(_missing(task, root, hub.why_not()))
+    try:
+        return _read_hub(task, train)
+    except ConfigError:
+        raise
+    except (OSError, ValueError, RuntimeError) as e:  # datasets' network, cache and not-found errors: one message
+        raise ConfigError(_missing(task, root, f"{type(e).__name__}: {(str(e) or '-').splitlines()[0]}")) from None
 
-    looked = "\n".join(f"  - {f}" for f in _folders(task, root))
-    if hub_offline():
-        raise ConfigError(f"GLUE {spec.folder} not found and the Hub is offline. Looked in:\n{looked}\nFix: put GLUE's "
-                          f"{spec.folder} TSV files (train.tsv, {spec.dev_tsv}) or the Hub's parquet files there, or "
-                          "set `data.init_args.root` / FEDLIGHT_DATA to the folder holding them")
-    return _read_hub(task, train)
+
+def _missing(task: str, root: Path, why: str) -> str:
+    """A missing GLUE folder that the Hub cannot supply: where fedlight looked and the local alternatives."""
+    looked, name = "\n".join(f"  - {f}" for f in _folders(task, root)), TASKS[task].folder
+    fetch = hub.download_command("nyu-mll/glue", f"--repo-type dataset --include '{task}/*' --local-dir {root}/glue")
+    return (f"GLUE {name} not found locally and not from the Hub ({why}). Looked in:\n{looked}\nFix: put GLUE's {name} "
+            f"TSV files (train.tsv, {TASKS[task].dev_tsv}) or the Hub's parquet files in one of those folders (where "
+            f"the Hub is reachable: `{fetch}`), or set `data.init_args.root` / FEDLIGHT_DATA to the folder holding "
+            "them; a `datasets` cache of nyu-mll/glue is read with HF_HUB_OFFLINE=1")
 
 
 def _folders(task: str, root: Path) -> list[Path]:

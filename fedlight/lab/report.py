@@ -140,13 +140,11 @@ def metric_value(run: Path, metric: str) -> float | None:
     key = curve_key(metric)
     v = summary.get(metric)
     if v is None and key is not None:
-        v = _from_curve(read_curve(run), metric, key)
+        v = _from_curve(read_curve(run), metric, key, summary)
     return None if v is None else (100 * v if key is not None and is_fraction(key) else v)
 
 
-def _from_curve(curve: list[dict[str, Any]], metric: str, key: str) -> float | None:
-    from fedlight.run.files import higher_is_better
-
+def _from_curve(curve: list[dict[str, Any]], metric: str, key: str, summary: dict[str, Any]) -> float | None:
     if metric.startswith("last_"):
         return last_mean(curve, key, last_count(metric))
     vals = [float(r[key]) for r in curve if r.get(key) is not None]
@@ -154,7 +152,19 @@ def _from_curve(curve: list[dict[str, Any]], metric: str, key: str) -> float | N
         return None
     if metric.startswith("final_"):
         return vals[-1]
-    return max(vals) if higher_is_better(key) else min(vals)
+    return max(vals) if _higher_is_better(summary, key) else min(vals)
+
+
+def _higher_is_better(summary: dict[str, Any], key: str) -> bool:
+    """``key``'s direction as the run's task recorded it in ``summary.json`` (``metric_directions``; the headline's
+    also under ``headline``); refused when the run did not record it."""
+    directions = summary.get("metric_directions") or {}
+    head = summary.get("headline") or {}
+    if key not in directions and head.get("metric") == key:
+        return bool(head["higher_is_better"])
+    check(key in directions, f"best_{key}: the run's summary.json does not record whether higher {key} is better "
+          "(its task did not report it); use final_ or last_ of it")
+    return bool(directions[key])
 
 
 def metric_label(metric: str) -> str:
@@ -165,7 +175,8 @@ def metric_label(metric: str) -> str:
     key = curve_key(metric)
     if key is None:
         return {"seconds_per_round": "seconds per round", "final_train_loss": "final train loss"}[metric]
-    name = {"acc": "accuracy"}.get(metric_name(key), metric_name(key).replace("_", " "))
+    name = {"acc": "accuracy", "mcc": "MCC (Matthews correlation)", "f1": "F1"}.get(
+        metric_name(key), metric_name(key).replace("_", " "))
     unit = " (%)" if is_fraction(key) else ""
     if metric.startswith("last_"):
         return f"mean test {name} over the last {last_count(metric)} evaluations{unit}"
@@ -435,6 +446,12 @@ def _gap_fields(g: dict[str, Any] | None) -> list[str]:
             "" if g["same_sign"] is None else str(g["same_sign"]).lower()]
 
 
+def _own_metrics(spec: dict, cs: list) -> str:
+    """The columns whose cells report another metric than the spec's, e.g. " (column cola: final test MCC (%))"."""
+    own = {c.col: c.metric for c in cs if c.metric != spec["metric"]}
+    return "".join(f" (column {col}: {metric_label(m)})" for col, m in own.items())
+
+
 def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Path]], seeds: list[int], out: Path,
                 command: str, shrink: str | None, jobs: int, previous: str | None = None) -> str:
     """``fedlight reproduce``'s output: ``table.md``, ``table.csv`` and ``curves*.png`` (one figure per column that
@@ -449,8 +466,8 @@ def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Pat
     rounds = sorted({(read_summary(r) or {}).get("rounds_completed") for r in runs} - {None})
     lines = [f"# {spec['title']}", "",
              f"- Spec: `{spec_path}` · base recipe `{spec['base']}`",
-             f"- Metric: {metric_label(spec['metric'])}" + "".join(f"; also {metric_label(m)}"
-                                                                    for m in spec.get("also", [])),
+             f"- Metric: {metric_label(spec['metric'])}" + _own_metrics(spec, cs) + "".join(
+                 f"; also {metric_label(m)}" for m in spec.get("also", [])),
              f"- Seeds: {', '.join(map(str, seeds))} (mean ± sample std over seeds) · rounds: "
              f"{', '.join(map(str, rounds)) or '-'} · shrink: {shrink or 'none (full scale)'} · jobs: {jobs}",
              f"- Hardware: {hardware(runs)}",

@@ -1,8 +1,9 @@
 """Models: plain ``nn.Module`` classes that know nothing of federated learning.
 
 A recipe names one as ``model: {class_path: fedlight.models.ResNet18, init_args: {...}}``. The timm-based models
-(``ViTTiny``, ``Timm``, ``LoRA``) and the Hugging Face wrappers (``HFSequenceClassifier``, ``HFCausalLM``, ``HFLoRA``;
-the ``nlp`` extra) are imported on first use, so importing this package imports neither timm nor transformers.
+(``ViTTiny``, ``Timm``) and the Hugging Face wrappers (``HFSequenceClassifier``, ``HFCausalLM``; the ``nlp`` extra),
+which share one ``LoRA`` configuration (``HFLoRA`` is its former name), are imported on first use, so importing this
+package imports neither timm nor transformers.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from fedlight.models.gpt import TinyGPT
 from fedlight.models.resnet import ResNet, ResNet18, ResNet34, ResNet50
 
 if TYPE_CHECKING:
+    from fedlight.models.adapters import LoRA
     from fedlight.models.hf import HFCausalLM, HFLoRA, HFSequenceClassifier
-    from fedlight.models.timm import LoRA, Timm
+    from fedlight.models.timm import Timm
     from fedlight.models.vit import ViTTiny
 
 MODELS: tuple[str, ...] = (
@@ -34,7 +36,7 @@ MODELS: tuple[str, ...] = (
 )
 """Names of the models a recipe can use (``fedlight ls``)."""
 
-_LAZY = {"ViTTiny": "fedlight.models.vit", "Timm": "fedlight.models.timm", "LoRA": "fedlight.models.timm",
+_LAZY = {"ViTTiny": "fedlight.models.vit", "Timm": "fedlight.models.timm", "LoRA": "fedlight.models.adapters",
          **dict.fromkeys(("HFSequenceClassifier", "HFCausalLM", "HFLoRA"), "fedlight.models.hf")}
 
 __all__ = [

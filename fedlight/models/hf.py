@@ -14,13 +14,14 @@ not available locally resolves to its architecture from :data:`ARCHITECTURES`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from fedlight.errors import ConfigError, check
+from fedlight.models import hub
+from fedlight.models.adapters import LoRA, apply_lora
 from fedlight.params import in_stacked
 
 ARCHITECTURES: dict[str, dict[str, Any]] = {
@@ -37,30 +38,10 @@ HEADS = ("classifier", "score")
 """Prefixes of the task heads that stay trainable next to the LoRA adapters."""
 
 
-@dataclass
-class HFLoRA:
-    """LoRA adapters on a ``transformers`` model (through ``peft``): the backbone is frozen, adapters and the task
-    head are trained. Defaults: the FedAdamW paper's RoBERTa set-up (Table 9: r = 16, α = 32 on query and value).
-
-    Args:
-        rank: r, the rank of each low-rank update.
-        alpha: α; the update is scaled by α / r.
-        dropout: dropout on the adapter input.
-        target_modules: module names (or dotted name suffixes) that get adapters, e.g. ``query``, ``value``
-            (BERT/RoBERTa) or ``c_attn`` (GPT-2).
-    """
-
-    rank: int = 16
-    alpha: float = 32.0
-    dropout: float = 0.1
-    target_modules: list[str] = field(default_factory=lambda: ["query", "value"])
-
-    def __post_init__(self) -> None:
-        check(isinstance(self.rank, int) and self.rank >= 1, f"`model.init_args.lora.rank` must be >= 1, got "
-              f"{self.rank!r}")
-        check(self.alpha > 0, f"`model.init_args.lora.alpha` must be positive, got {self.alpha!r}")
-        check(0.0 <= self.dropout < 1.0, f"`model.init_args.lora.dropout` must be in [0, 1), got {self.dropout!r}")
-        check(len(self.target_modules) > 0, "`model.init_args.lora.target_modules` must name at least one module")
+HFLoRA = LoRA
+"""The LoRA configuration of :mod:`fedlight.models.adapters` (one for every model family); the old name still works."""
+HF_TARGETS = ["query", "value"]
+"""Default LoRA targets: BERT/RoBERTa's query and value projections (the FedAdamW paper's Table 9)."""
 
 
 def _imports():
@@ -72,20 +53,15 @@ def _imports():
     return transformers
 
 
-def hub_offline() -> bool:
-    """Whether the Hugging Face Hub must not be contacted (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
-    return any(os.environ.get(k, "").strip().lower() in ("1", "true", "yes", "on")
-               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
 def _on_meta() -> bool:
     return torch.empty(0).device.type == "meta"
 
 
 def _offline_error(name: str, what: str) -> ConfigError:
-    return ConfigError(f"`{what}` {name!r} is a Hugging Face Hub name, but the Hub cannot be reached (offline: "
-                       "HF_HUB_OFFLINE is set or there is no network) and it is not in the local cache; give a local "
-                       "directory instead (one saved with `save_pretrained`, holding config.json and the weights)")
+    return ConfigError(f"`{what}` {name!r} is a Hugging Face Hub name, but the Hub cannot be used ({hub.why_not()}) "
+                       "and it is not in the local cache. Fix: give a local directory instead (one saved with "
+                       "`save_pretrained`, holding config.json and the weights), e.g. fetched where the Hub is "
+                       f"reachable with `{hub.download_command(name, '--local-dir', 'DIR')}`")
 
 
 def _config(name: str | None, config: dict[str, Any] | None, what: str, **overrides: Any):
@@ -103,7 +79,8 @@ def _config(name: str | None, config: dict[str, Any] | None, what: str, **overri
             raise ConfigError(f"`model.init_args.config`: {e}") from None
     local = os.path.isdir(name)
     try:  # on the meta device only the local cache is read (then the table): nothing is ever downloaded there
-        return tf.AutoConfig.from_pretrained(name, local_files_only=local or hub_offline() or _on_meta(), **overrides)
+        offline = local or _on_meta() or not hub.available()
+        return tf.AutoConfig.from_pretrained(name, local_files_only=offline, **overrides)
     except OSError:
         if local:
             raise ConfigError(f"`{what}` {name!r} is a directory without a transformers config.json; save the "
@@ -122,37 +99,13 @@ def build(auto_class: str, name: str | None, config: dict[str, Any] | None, what
     if name is None or _on_meta():
         return cls.from_config(cfg)
     try:
-        return cls.from_pretrained(name, config=cfg, local_files_only=os.path.isdir(name) or hub_offline(),
+        return cls.from_pretrained(name, config=cfg, local_files_only=os.path.isdir(name) or not hub.available(),
                                    ignore_mismatched_sizes=True)  # a head of another label count starts afresh
     except OSError as e:
         if os.path.isdir(name):
             raise ConfigError(f"`{what}` {name!r}: no weights could be read ({str(e).splitlines()[0]}); save the "
                               "model there with `save_pretrained`") from None
         raise _offline_error(name, what) from None
-
-
-def apply_lora(model: nn.Module, lora: HFLoRA, heads: tuple[str, ...] = HEADS) -> None:
-    """Add LoRA adapters to ``model`` in place; only adapters and the task head (``heads``) stay trainable."""
-    try:
-        from peft import LoraConfig, inject_adapter_in_model
-    except ImportError as e:
-        raise ConfigError("`model.init_args.lora` needs peft: pip install 'fedlight[nlp]'") from e
-    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-                     if isinstance(m, (nn.Linear, nn.Conv1d)) or type(m).__name__ == "Conv1D"})
-    names = [n for n, _ in model.named_modules()]
-    absent = [t for t in lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
-    if absent:
-        raise ConfigError(f"`model.init_args.lora.target_modules`: {absent} match no module of the model; its "
-                          f"linear modules are named {', '.join(linear)}")
-    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules=list(lora.target_modules))
-    try:
-        inject_adapter_in_model(config, model)
-    except ValueError as e:  # e.g. a target that is not a linear layer
-        raise ConfigError(f"`model.init_args.lora.target_modules` {lora.target_modules}: {str(e).splitlines()[0]}; "
-                          f"LoRA goes on linear modules, here named {', '.join(linear)}") from None
-    for n, p in model.named_parameters():
-        p.requires_grad_("lora_" in n or n.split(".", 1)[0] in heads)
 
 
 def _sdpa(model: nn.Module) -> bool:
@@ -206,14 +159,14 @@ class HFSequenceClassifier(HFModel):
     auto_class = "AutoModelForSequenceClassification"
 
     def __init__(self, name: str | None = None, config: dict[str, Any] | None = None, num_labels: int = 2,
-                 lora: HFLoRA | None = None, dropout: float | None = None) -> None:
+                 lora: LoRA | None = None, dropout: float | None = None) -> None:
         super().__init__()
         check(isinstance(num_labels, int) and num_labels >= 2, f"`model.init_args.num_labels` must be >= 2, got "
               f"{num_labels!r}")
         extra = {} if dropout is None else {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
         self.model = build(self.auto_class, name, config, "model.init_args.name", num_labels=num_labels, **extra)
         if lora is not None:
-            apply_lora(self.model, lora)
+            apply_lora(self.model, lora, HF_TARGETS, keep=tuple(h + "." for h in HEADS))
 
 
 class HFCausalLM(HFModel):
@@ -230,10 +183,10 @@ class HFCausalLM(HFModel):
 
     auto_class = "AutoModelForCausalLM"
 
-    def __init__(self, name: str | None = None, config: dict[str, Any] | None = None, lora: HFLoRA | None = None,
+    def __init__(self, name: str | None = None, config: dict[str, Any] | None = None, lora: LoRA | None = None,
                  dropout: float | None = None) -> None:
         super().__init__()
         extra = {} if dropout is None else {"resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout}
         self.model = build(self.auto_class, name, config, "model.init_args.name", **extra)
         if lora is not None:
-            apply_lora(self.model, lora, heads=())
+            apply_lora(self.model, lora, HF_TARGETS)

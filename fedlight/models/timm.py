@@ -6,40 +6,18 @@ import difflib
 import importlib
 import os
 import warnings
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import timm
 import torch
 from torch import Tensor, nn
 
 from fedlight.errors import ConfigError, check
+from fedlight.models import hub
+from fedlight.models.adapters import LoRA, apply_lora
 
-
-@dataclass
-class LoRA:
-    """LoRA adapters (applied with the ``peft`` library; ``pip install peft``).
-
-    After they are added, only the adapter weights and the classifier head are trainable. The seed papers use
-    rank 16, alpha 2·rank, dropout 0.05 on the attention ``qkv`` and ``proj`` layers.
-
-    Args:
-        rank: Rank r of each low-rank update.
-        alpha: Scaling numerator; the update is scaled by alpha / rank.
-        dropout: Dropout on the adapter input.
-        target_modules: Module names (or name suffixes) that get adapters.
-    """
-
-    rank: int = 16
-    alpha: float = 32.0
-    dropout: float = 0.05
-    target_modules: list[str] = field(default_factory=lambda: ["attn.qkv", "attn.proj"])
-
-    def __post_init__(self) -> None:
-        check(isinstance(self.rank, int) and self.rank >= 1, f"`model.lora.rank` must be >= 1, got {self.rank!r}")
-        check(self.alpha > 0, f"`model.lora.alpha` must be positive, got {self.alpha!r}")
-        check(0.0 <= self.dropout < 1.0, f"`model.lora.dropout` must be in [0, 1), got {self.dropout!r}")
-        check(len(self.target_modules) > 0, "`model.lora.target_modules` must name at least one module")
+TIMM_TARGETS = ["attn.qkv", "attn.proj"]
+"""Default LoRA targets of timm transformers: the attention's qkv and output projections (the seed papers' choice)."""
 
 
 class Timm(nn.Module):
@@ -72,6 +50,13 @@ class Timm(nn.Module):
             when no ``checkpoint`` is given; the classifier head is replaced to fit ``num_classes``.
         img_size: Input image size, for models that take one (ViT, Swin); None keeps the model's default.
         lora: Add LoRA adapters and freeze everything else except the classifier head; None for full training.
+        preprocessing: how the data module normalises and resizes inputs for pretrained weights (``pretrained`` or a
+            ``checkpoint``): ``checkpoint`` (default) uses timm's resolved data config of the weights
+            (``pretrained_cfg``: mean/std and interpolation, e.g. ImageNet's for Swin in22k, 0.5/0.5 for ViT
+            orig_in21k); ``dataset`` keeps the data module's own statistics and bilinear resizing. A randomly
+            initialised model always keeps the data module's.
+        interpolation: the resize interpolation (``bilinear`` / ``bicubic``), overriding the one ``preprocessing``
+            gives; None: the checkpoint's (``preprocessing: checkpoint``) or bilinear.
         kwargs: Further keyword arguments for ``timm.create_model`` (e.g. ``{"depth": 2, "patch_size": 4}``).
     """
 
@@ -82,6 +67,8 @@ class Timm(nn.Module):
         checkpoint: str | None = None,
         pretrained: bool = False,
         img_size: int | None = None,
+        preprocessing: Literal["checkpoint", "dataset"] = "checkpoint",
+        interpolation: Literal["bilinear", "bicubic"] | None = None,
         lora: LoRA | None = None,
         kwargs: dict[str, Any] | None = None,
     ) -> None:
@@ -109,10 +96,31 @@ class Timm(nn.Module):
         if checkpoint is not None:
             load_checkpoint(self.model, checkpoint)
         if lora is not None:
-            apply_lora(self.model, lora)
+            apply_lora(self.model, lora, TIMM_TARGETS, keep=_classifier_prefixes(self.model))
+        check(preprocessing in ("checkpoint", "dataset"), "`model.init_args.preprocessing` must be 'checkpoint' or "
+              f"'dataset', got {preprocessing!r}")
+        check(interpolation in (None, "bilinear", "bicubic"), "`model.init_args.interpolation` must be bilinear, "
+              f"bicubic or null, got {interpolation!r}")
+        weights = bool(pretrained) or checkpoint is not None
+        self.preprocessing_config = checkpoint_preprocessing(self.model, name) if (
+            weights and preprocessing == "checkpoint") else {}
+        """What the data module adopts (``fedlight.data.augment.adopt_preprocessing``): mean, std, interpolation."""
+        if interpolation is not None:
+            self.preprocessing_config = {**self.preprocessing_config, "interpolation": interpolation,
+                                         "source": self.preprocessing_config.get("source", "the data module")
+                                         + f", interpolation {interpolation} (model.init_args.interpolation)"}
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
+
+
+def checkpoint_preprocessing(model: nn.Module, name: str) -> dict[str, Any]:
+    """Mean, std and interpolation of the weights' ``pretrained_cfg`` (timm's resolved data config)."""
+    from timm.data import resolve_data_config
+
+    cfg = resolve_data_config({}, model=model)
+    return {"mean": tuple(cfg["mean"]), "std": tuple(cfg["std"]), "interpolation": cfg["interpolation"],
+            "source": f"{name}'s pretrained_cfg (model.init_args.preprocessing: checkpoint)"}
 
 
 def hub_model(name: str, num_classes: int, extra: dict[str, Any]) -> nn.Module:
@@ -128,24 +136,44 @@ def hub_model(name: str, num_classes: int, extra: dict[str, Any]) -> nn.Module:
         hint = f"; weights timm has: {', '.join(tags[:8])}" if tags else ""
         raise ConfigError(f"`model.pretrained`: timm has no pretrained weights for {name!r}{hint}; name one of those "
                           "(or set `model.pretrained: false`, or give a local `model.checkpoint`)")
+    overlay = {}
+    if not hub.available():
+        cached = _cached_weights(cfg)
+        if cached is None:
+            raise ConfigError(
+                f"`model.pretrained: true` needs the weights {source} from the Hugging Face Hub, which cannot be used "
+                f"({hub.why_not()}), and they are not in the local cache. Fix: where the Hub is reachable run "
+                f"`{_fetch(cfg, source)}` (or run once online so they are cached) and set "
+                "`model.init_args.checkpoint` to the local weights file (model.safetensors or a .pth/.bin)")
+        overlay = {"pretrained_cfg_overlay": {"file": cached}}  # the cached file: nothing is fetched
     try:
-        return timm.create_model(name, pretrained=True, num_classes=num_classes, **extra)
-    except OSError as e:  # huggingface_hub's offline / not-cached / HTTP errors and network errors are OSErrors
-        offline = " (HF_HUB_OFFLINE is set)" if _hub_offline() else ""
-        raise ConfigError(
-            f"`model.pretrained: true` needs the weights {source} from the Hugging Face Hub, which cannot be reached"
-            f"{offline} and has no cached copy ({type(e).__name__}). Fix: on a machine with a network run "
-            f"`huggingface-cli download {source}` (or run once online so they are cached) and set "
-            "`model.init_args.checkpoint` to the local weights file (model.safetensors or a .pth/.bin)"
-        ) from None
+        return timm.create_model(name, pretrained=True, num_classes=num_classes, **overlay, **extra)
+    except OSError as e:  # huggingface_hub's HTTP errors and network errors are OSErrors
+        raise ConfigError(f"`model.pretrained: true`: the weights {source} could not be fetched ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}). Fix: `{_fetch(cfg, source)}` and set "
+                          "`model.init_args.checkpoint` to the downloaded file") from None
 
 
-def _hub_offline() -> bool:
-    try:
-        from huggingface_hub import constants
-    except ImportError:
-        return False
-    return bool(constants.HF_HUB_OFFLINE)
+def _cached_weights(cfg: Any) -> str | None:
+    """The locally cached weights file of a timm pretrained config (Hugging Face cache or torch hub), or None."""
+    repo = getattr(cfg, "hf_hub_id", None)
+    if repo:
+        from huggingface_hub import try_to_load_from_cache
+
+        names = [getattr(cfg, "hf_hub_filename", None), "model.safetensors", "pytorch_model.bin"]
+        for f in filter(None, names):
+            path = try_to_load_from_cache(repo, f)
+            if isinstance(path, str):
+                return path
+        return None
+    url = getattr(cfg, "url", None)
+    path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(url or ""))
+    return path if url and os.path.isfile(path) else None
+
+
+def _fetch(cfg: Any, source: str) -> str:
+    repo = getattr(cfg, "hf_hub_id", None)
+    return hub.download_command(repo, "model.safetensors", "--local-dir", "DIR") if repo else f"curl -LO {source}"
 
 
 def _classifier_prefixes(model: nn.Module) -> tuple[str, ...]:
@@ -205,21 +233,3 @@ def _read_weights(path: str) -> Any:
 
         return load_file(path, device="cpu")
     return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def apply_lora(model: nn.Module, lora: LoRA) -> None:
-    """Add LoRA adapters to ``model`` in place; freeze all but the adapters and the classifier head."""
-    try:
-        from peft import LoraConfig, inject_adapter_in_model
-    except ImportError as e:
-        raise ConfigError("`model.lora` needs the peft library: pip install peft (or fedlight[lora])") from e
-    config = LoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules)
-    )
-    try:
-        inject_adapter_in_model(config, model)
-    except ValueError as e:
-        raise ConfigError(f"`model.lora.target_modules` {lora.target_modules} match no layer of the model: {e}") from e
-    head = _classifier_prefixes(model)
-    for name, p in model.named_parameters():
-        p.requires_grad_("lora_" in name or name.startswith(head))

@@ -20,8 +20,7 @@ from torch import Tensor, nn
 
 from fedlight.errors import ConfigError
 from fedlight.params import in_stacked
-from fedlight.run.files import higher_is_better
-from fedlight.tasks.base import Task, guard, precision_forward
+from fedlight.tasks.base import Task, guard, higher_is_better, precision_forward
 
 PREFIXES = ("test_", "val_", "test/", "val/", "valid_", "validation_")
 

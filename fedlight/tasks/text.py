@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+from torchmetrics import Metric
 
 from fedlight.errors import ConfigError
 from fedlight.tasks.base import Task, check_class_count, check_vocab, eval_outputs, guard, outputs
@@ -18,8 +21,11 @@ class TextClassification(Task):
     ``labels`` (a Hugging Face ``...ForSequenceClassification`` or any module taking those keywords) and returns
     logits ``[B, num_classes]`` (or an object with ``.logits``).
 
-    Reports ``test_acc``, ``test_f1`` (binary F1 of class 1 for two classes, as GLUE's MRPC/QQP; macro F1 otherwise),
-    ``test_mcc`` (Matthews correlation, GLUE's CoLA metric) and ``test_loss``.
+    Reports ``test_acc``, ``test_f1`` (binary F1 of class 1 for two classes, as GLUE's MRPC/QQP; macro F1 over the
+    classes that occur in the labels or predictions otherwise), ``test_mcc`` (Matthews correlation, GLUE's CoLA
+    metric) and ``test_loss``. F1 and MCC are computed as GLUE does (scikit-learn's ``f1_score`` /
+    ``matthews_corrcoef``) from the summed confusion matrix, in float64: a constant predictor has MCC 0 and a class
+    never predicted nor present has F1 0 (:func:`mcc`, :func:`f1`).
 
     Args:
         num_classes: number of labels; default: the data module's ``num_classes``.
@@ -27,6 +33,7 @@ class TextClassification(Task):
     """
 
     reports = ("acc", "f1", "mcc", "loss")
+    higher = ("acc", "f1", "mcc")
 
     def __init__(self, num_classes: int | None = None, headline: str = "acc") -> None:
         if headline not in HEADLINES:
@@ -44,17 +51,11 @@ class TextClassification(Task):
 
     def metrics(self) -> dict[str, Any]:
         from torchmetrics import MeanMetric
-        from torchmetrics.classification import (
-            BinaryF1Score,
-            MulticlassAccuracy,
-            MulticlassF1Score,
-            MulticlassMatthewsCorrCoef,
-        )
+        from torchmetrics.classification import MulticlassAccuracy
 
         n = self.num_classes
-        f1 = BinaryF1Score() if n == 2 else MulticlassF1Score(num_classes=n, average="macro")
-        return {"acc": MulticlassAccuracy(num_classes=n, average="micro"), "f1": f1,
-                "mcc": MulticlassMatthewsCorrCoef(num_classes=n), "loss": MeanMetric()}
+        return {"acc": MulticlassAccuracy(num_classes=n, average="micro"), "f1": ConfusionMetric(n, f1),
+                "mcc": ConfusionMetric(n, mcc), "loss": MeanMetric()}
 
     def update(self, metrics, model, batch, forward) -> None:
         y = batch["labels"]
@@ -62,7 +63,7 @@ class TextClassification(Task):
         metrics["loss"].update(F.cross_entropy(logits, y), len(y))
         metrics["acc"].update(logits, y)
         metrics["mcc"].update(logits.argmax(-1), y)
-        metrics["f1"].update(logits.argmax(-1) if self.num_classes == 2 else logits, y)
+        metrics["f1"].update(logits.argmax(-1), y)
 
     def check(self, model: nn.Module, data: Any) -> None:
         if self.num_classes is None or self.num_classes < 2:
@@ -83,6 +84,48 @@ class TextClassification(Task):
 
     def __repr__(self) -> str:
         return f"TextClassification(num_classes={self.num_classes}, headline={self.headline!r})"
+
+
+def mcc(cm: Tensor) -> float:
+    """Matthews correlation of a confusion matrix ``cm[true, predicted]`` (Gorodkin's K-class form, as scikit-learn's
+    ``matthews_corrcoef``): ``(c·s − Σ_k p_k t_k) / √((s² − Σ_k p_k²)(s² − Σ_k t_k²))`` with c correct, s samples,
+    t_k true and p_k predicted counts of class k; 0 when a factor of the denominator is 0 (one class predicted, or
+    one class present)."""
+    cm = cm.double()
+    t, p, c, s = cm.sum(1), cm.sum(0), cm.trace(), cm.sum()
+    den = (s * s - p.dot(p)) * (s * s - t.dot(t))
+    return 0.0 if den == 0 else float((c * s - t.dot(p)) / den.sqrt())
+
+
+def f1(cm: Tensor) -> float:
+    """F1 of a confusion matrix ``cm[true, predicted]``: two classes, F1 of class 1 (``2TP / (2TP + FP + FN)``, 0 when
+    that is 0/0), as GLUE's MRPC/QQP; more, the mean of the per-class F1 over the classes present in the labels or
+    the predictions (scikit-learn's ``average="macro"``)."""
+    cm = cm.double()
+    tp = cm.diagonal()
+    den = cm.sum(0) + cm.sum(1)  # 2TP + FP + FN per class
+    per = torch.where(den > 0, 2 * tp / den.clamp_min(1), torch.zeros_like(tp))
+    if len(cm) == 2:
+        return float(per[1])
+    return float(per[den > 0].mean()) if bool((den > 0).any()) else 0.0
+
+
+class ConfusionMetric(Metric):
+    """A metric of the summed confusion matrix (``update(predicted, target)``; summed across processes)."""
+
+    full_state_update = False
+
+    def __init__(self, num_classes: int, fn: Callable[[Tensor], float]) -> None:
+        super().__init__()
+        self.num_classes, self.fn = num_classes, fn
+        self.add_state("cm", default=torch.zeros(num_classes, num_classes, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, preds: Tensor, target: Tensor) -> None:
+        idx = target.long() * self.num_classes + preds.long()
+        self.cm += torch.bincount(idx, minlength=self.num_classes**2).view(self.num_classes, self.num_classes)
+
+    def compute(self) -> Tensor:
+        return torch.tensor(self.fn(self.cm), dtype=torch.float64)
 
 
 def _inputs(batch: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -5,6 +5,7 @@ torch.optim."""
 
 import math
 
+import fedtest
 import numpy as np
 import pytest
 import torch
@@ -213,7 +214,7 @@ CASES = {
     "alpha0-coupled": ({"alpha": 0.0, "decoupled": False, "lam": 0.05}, {"alpha": 0.0, "decoupled": False,
                                                                         "lam": 0.05}),
     "no-aggregate-v": ({"aggregate_v": False}, {"aggregate_v": False}),
-    "local-cosine": ({"local_schedule": "cosine"}, {"cosine": True}),  # Δ_G still divides by K·η_r (line 18)
+    "local-cosine": ({"loop": {"local_lr_schedule": "cosine"}}, {"cosine": True}),  # Δ_G still ÷ K·η_r (line 18)
     "variant3": ({"variant": 3, "alpha": 0.7, "server_lr": 0.5},
                  {"variant": 3, "alpha": 0.7, "b1": 0.0, "lam": 0.0, "server_lr": 0.5}),
 }
@@ -224,7 +225,7 @@ def test_fedadamw(case):
     kw, ref_kw = CASES[case]
     kw = dict(kw)
     clip = Clip(0.3)
-    got, clients, theta, loop = run("fedadamw", loop_kw={"max_grad_norm": 0.3, "seed": 2}, **kw)
+    got, clients, theta, loop = run("fedadamw", loop_kw={"max_grad_norm": 0.3, "seed": 2, **kw.pop("loop", {})}, **kw)
     sampled = None
     if "clients_per_round" in kw:
         sampled = lambda r: sample_clients(len(clients), kw["clients_per_round"], 2, r)  # noqa: E731
@@ -277,10 +278,10 @@ def test_resume_is_bitwise(name, tmp_path):
     first = make_loop(fedlight.create(name), clients, linear_model(theta), local_steps=K, lr=LR, rounds=R,
                       out_dir=tmp_path)
     first.run_round(0)
-    first.save(1)
+    fedtest.save_checkpoint(first, first.out_dir)
     second = make_loop(fedlight.create(name), clients, linear_model(theta), local_steps=K, lr=LR, rounds=R,
                        out_dir=tmp_path)
-    second.load(tmp_path / "checkpoints" / "last.ckpt")
+    fedtest.resume(second, tmp_path / "checkpoints" / "last.ckpt")
     first.run_round(1)
     second.run_round(1)
     for k in first.x:
@@ -367,7 +368,7 @@ def test_fedadamw_hessian_tiny_vit_runs():
     ("fedadamw", {"eps": 0.0}, "eps"), ("fedadamw", {"server_lr": 0.0}, "server_lr"),
     ("fedadamw", {"blocks": "rows"}, "blocks"), ("fedadamw", {"variant": 4}, "variant"),
     ("fedadamw", {"head_dim": 0}, "head_dim"), ("fedadamw", {"min_block_size": 0}, "min_block_size"),
-    ("fedadamw", {"max_blocks": 0}, "max_blocks"), ("fedadamw", {"local_schedule": "linear"}, "local_schedule"),
+    ("fedadamw", {"max_blocks": 0}, "max_blocks"), ("fedadamw", {"local_schedule": "cosine"}, "local_schedule"),
 ])
 def test_validation(name, kw, arg):
     with pytest.raises(ConfigError, match=f"`algorithm.{arg}`"):

@@ -142,3 +142,14 @@ def test_vmap_runs_under_bf16_autocast():
     seq, vec, fp32 = out[("bf16-mixed", "sequential")], out[("bf16-mixed", "vmap")], out[("32-true", "vmap")]
     assert float((vec - fp32).abs().max()) > 1e-6
     torch.testing.assert_close(vec, seq, rtol=0, atol=1e-2)
+
+
+@pytest.mark.parametrize("name", ["scaffold", "fedadamw"])
+def test_vmap_equals_sequential_with_the_in_round_cosine(name):
+    """``loop.local_lr_schedule: cosine`` sets each step's lr the same way in both runners."""
+    seq, _ = _run(name, "sequential", rounds=2, local_lr_schedule="cosine")
+    vec, _ = _run(name, "vmap", rounds=2, local_lr_schedule="cosine")
+    flat, _ = _run(name, "sequential", rounds=2)
+    _close(seq.x, vec.x, "x")
+    _close(seq.server.state_dict(), vec.server.state_dict(), "server")
+    assert not all(torch.equal(seq.x[k], flat.x[k]) for k in seq.x)

@@ -121,7 +121,7 @@ def test_vit_tiny_config():
         (lambda: models.ViTTiny(embed_dim=100), "model.embed_dim"),
         (lambda: models.ViTTiny(drop_rate=1.5), "model.drop_rate"),
         (lambda: models.Timm("swin_tiny_patch4_window7"), "model.name"),
-        (lambda: models.LoRA(rank=0), "model.lora.rank"),
+        (lambda: models.LoRA(rank=0), "model.init_args.lora.rank"),
         (lambda: models.Timm("resnet18", num_classes=2, img_size=32), "model.img_size"),
     ],
 )
@@ -197,7 +197,7 @@ def test_lora_freezes_all_but_adapters_and_head():
     assert out.shape == (2, 10)
     out.sum().backward()
     assert all(p.grad is None for p in lora.parameters() if not p.requires_grad)
-    with pytest.raises(ConfigError, match="`model.lora.target_modules`"):
+    with pytest.raises(ConfigError, match="`model.init_args.lora.target_modules`"):
         tiny_vit(lora=models.LoRA(target_modules=["no_such_layer"]))
 
 
@@ -237,7 +237,9 @@ def test_jsonargparse_builds_models_from_config():
             }
         }
     )
-    assert cfg.model.init_args.lora.rank == 2 and cfg.model.init_args.lora.target_modules == ["attn.qkv", "attn.proj"]
+    assert cfg.model.init_args.lora.rank == 2 and cfg.model.init_args.lora.target_modules is None  # the family's
     pytest.importorskip("peft")
     model = parser.instantiate(cfg).model
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 3)
+    adapted = {n.split(".lora_")[0] for n, _ in model.named_parameters() if ".lora_" in n}
+    assert adapted == {"model.blocks.0.attn.qkv", "model.blocks.0.attn.proj"}  # timm default: attn.qkv, attn.proj

@@ -3,6 +3,7 @@ RandAugment in a CIFAR-100 module, and one round of ``fedlight.fit`` with a tiny
 
 import json
 import pickle
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import fedlight
 from fedlight import cli, models
 from fedlight.args import LoopConfig
 from fedlight.data import CIFAR100, Dirichlet, RandAugment
+from fedlight.data.augment import resize
 from fedlight.errors import ConfigError
 from fedlight.sampling import client_generator
 
@@ -67,6 +69,7 @@ def test_pretrained_loads_hub_weights_and_replaces_the_head(monkeypatch):
         return {k: v.clone() for k, v in source.state_dict().items()}
 
     monkeypatch.setattr(timm.models._builder, "load_state_dict_from_hf", fake_hub)
+    monkeypatch.setattr("fedlight.models.hub.reachable", lambda timeout=3.0: True)  # as if the Hub answered
     model = models.Timm("vit_tiny_patch16_224.augreg_in21k", num_classes=10, pretrained=True, **VIT)
     assert asked == ["timm/vit_tiny_patch16_224.augreg_in21k"]
     assert torch.equal(model.model.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
@@ -118,7 +121,6 @@ def test_resized_randaugmented_batches_are_seeded_per_client(tmp_path):
     x, _ = next(data.test_batches())  # the test set is resized, never augmented
     plain = CIFAR100(root=str(tmp_path), num_clients=4, batch_size=8, eval_batch_size=8)
     plain.setup("cpu", seed=0)
-    from fedlight.data.augment import resize
     assert x.shape == (8, 3, 64, 64) and torch.equal(x, plain.to_input(resize(plain._test_x[:8], 64)))
     lo, hi = plain.to_input(torch.zeros(1, 3, 1, 1)), plain.to_input(torch.full((1, 3, 1, 1), 255.0))
     assert (a[0] >= lo - 1e-5).all() and (a[0] <= hi + 1e-5).all()
@@ -128,8 +130,9 @@ def test_one_round_of_fit_with_a_tiny_swin_at_the_resized_size(tmp_path):
     fake_cifar100(tmp_path)
     torch.manual_seed(0)
     model = models.Timm("swin_tiny_patch4_window7_224", num_classes=100, **SWIN)
-    algo = fedlight.algorithms.FedAdamW(blocks="hessian", head_dim=16, local_schedule="cosine")
-    loop = LoopConfig(rounds=1, clients_per_round=2, local_steps=2, lr=1e-4, progress=False)
+    algo = fedlight.algorithms.FedAdamW(blocks="hessian", head_dim=16)
+    loop = LoopConfig(rounds=1, clients_per_round=2, local_steps=2, lr=1e-4, local_lr_schedule="cosine",
+                      progress=False)
     fedlight.fit(model, cifar(tmp_path), algo, loop=loop, seed=0, out_dir=str(tmp_path / "run"))
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["round"] == 1 and np.isfinite(row["train_loss"]) and 0 <= row["test_acc"] <= 1
@@ -144,3 +147,106 @@ def test_drop_path_counts_as_dropout_for_the_runner_choice():
 
     assert any(_drops(m) for m in swin(0.2).modules())  # timm's Swin default is 0.1 as well
     assert not any(_drops(m) for m in swin(0.0).modules())
+
+
+# ------------------------------------------------------------------------------------- the checkpoint's preprocessing
+def vit_with_weights(tmp_path, num_classes=10, **kw):
+    """A ViT-Tiny in21k model built from a local weights file (its pretrained_cfg is timm's, offline)."""
+    path = tmp_path / "vit.pth"
+    if not path.exists():
+        torch.save(models.Timm("vit_tiny_patch16_224", num_classes=10, **VIT).model.state_dict(), path)
+    return models.Timm("vit_tiny_patch16_224.augreg_in21k", num_classes=num_classes, checkpoint=str(path), **VIT, **kw)
+
+
+def normalised(data, value):
+    return data.to_input(torch.full((1, 3, 1, 1), float(value))).flatten().tolist()
+
+
+def test_pretrained_models_default_to_their_checkpoints_normalisation(tmp_path, capsys):
+    from fedlight.data.augment import adopt_preprocessing
+
+    fake_cifar100(tmp_path)
+    want = timm.models.get_pretrained_cfg("vit_tiny_patch16_224.augreg_in21k")  # mean = std = 0.5, bicubic
+    data = cifar(tmp_path)
+    line = adopt_preprocessing(vit_with_weights(tmp_path), data)
+    data.setup("cpu", seed=0)
+    assert data.mean == want.mean and data.std == want.std and data.interpolation == want.interpolation == "bicubic"
+    assert normalised(data, 0) == pytest.approx([(0 - m) / s for m, s in zip(want.mean, want.std)])  # (0 − .5)/.5
+    assert normalised(data, 255) == pytest.approx([1.0, 1.0, 1.0])
+    assert "pretrained_cfg" in line and "bicubic" in line
+    x, _ = next(iter(data.test_batches()))
+    ref = data.to_input(resize(data._test_x[:8], 64, "bicubic"))
+    assert torch.equal(x, ref) and not torch.equal(x, data.to_input(resize(data._test_x[:8], 64)))
+
+
+@pytest.mark.parametrize("kw, mean, mode", [
+    ({"preprocessing": "dataset"}, CIFAR100.mean, "bilinear"),
+    ({"interpolation": "bilinear"}, (0.5, 0.5, 0.5), "bilinear"),  # the paper's resize, the checkpoint's statistics
+    ({"preprocessing": "dataset", "interpolation": "bicubic"}, CIFAR100.mean, "bicubic"),
+])
+def test_a_recipe_may_override_the_checkpoints_preprocessing(tmp_path, kw, mean, mode):
+    from fedlight.data.augment import adopt_preprocessing
+
+    fake_cifar100(tmp_path)
+    data = cifar(tmp_path)
+    adopt_preprocessing(vit_with_weights(tmp_path, **kw), data)
+    assert data.mean == mean and data.interpolation == mode
+
+
+def test_random_models_keep_the_datasets_preprocessing(tmp_path):
+    from fedlight.data.augment import adopt_preprocessing
+
+    data = cifar(tmp_path)
+    assert adopt_preprocessing(models.Timm("vit_tiny_patch16_224.augreg_in21k", num_classes=10, **VIT), data) is None
+    assert data.mean == CIFAR100.mean and data.interpolation == "bilinear"
+
+
+def test_the_run_header_says_which_preprocessing(tmp_path, capsys):
+    fake_cifar100(tmp_path)
+    loop = LoopConfig(rounds=1, clients_per_round=2, local_steps=1, lr=1e-4, progress=False)
+    data = CIFAR100(root=str(tmp_path), num_clients=4, batch_size=8, partition=Dirichlet(0.5), eval_batch_size=8)
+    fedlight.fit(vit_with_weights(tmp_path, num_classes=100), data, fedlight.create("fedavg"), loop=loop,
+                 out_dir=str(tmp_path / "run"))
+    out = capsys.readouterr().out
+    assert ("fedlight: inputs normalised with mean (0.5, 0.5, 0.5), std (0.5, 0.5, 0.5), resize interpolation "
+            "bicubic: from vit_tiny_patch16_224.augreg_in21k's pretrained_cfg (model.init_args.preprocessing: "
+            "checkpoint)") in out
+
+
+# -------------------------------------------------------------------------------------------- no network: fast
+@pytest.fixture
+def no_network(monkeypatch, tmp_path):
+    """HF_HUB_OFFLINE unset, every proxy pointed at a closed local port, an empty Hub cache."""
+    from huggingface_hub import constants
+
+    for var in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")
+    for var in ("HF_HUB_OFFLINE", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    return Path(constants.HF_HUB_CACHE)
+
+
+def test_pretrained_without_network_fails_within_5_s_naming_hf_download(no_network):
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError) as e:
+        models.Timm("vit_tiny_patch16_224.augreg_in21k", num_classes=10, pretrained=True, **VIT)
+    assert time.perf_counter() - t0 <= 5.0
+    msg = str(e.value)
+    assert "cannot be reached within 3 s" in msg and "`model.init_args.checkpoint`" in msg
+    assert "`hf download timm/vit_tiny_patch16_224.augreg_in21k model.safetensors --local-dir DIR`" in msg
+
+
+def test_pretrained_without_network_reads_the_hub_cache(no_network):
+    from safetensors.torch import save_file
+
+    source = timm.create_model("vit_tiny_patch16_224", num_classes=21843, img_size=32, patch_size=4, depth=1)
+    repo = no_network / "models--timm--vit_tiny_patch16_224.augreg_in21k"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()},
+              str(repo / "snapshots" / "abc123" / "model.safetensors"))
+    model = models.Timm("vit_tiny_patch16_224.augreg_in21k", num_classes=10, pretrained=True, **VIT)
+    assert torch.equal(model.model.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)

@@ -139,6 +139,7 @@ def test_online_glue_reads_the_hub_copy_like_the_local_files(tmp_path, monkeypat
     from fedlight.data.glue import read_split
 
     write_glue(tmp_path / "local")
+    monkeypatch.setattr("fedlight.models.hub.reachable", lambda timeout=3.0: True)  # as if the Hub answered
     calls = []
 
     class HubSplit(dict):

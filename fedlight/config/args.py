@@ -92,6 +92,10 @@ class LoopConfig:
     """Local learning rate η_0."""
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
     """Round schedule of the local learning rate."""
+    local_lr_schedule: Literal["constant", "cosine"] = "constant"
+    """lr of local step k = 0..K−1, every rule: constant η_r; cosine η_min + ½(η_r − η_min)(1 + cos(πk/K))."""
+    local_lr_eta_min: float = 0.0
+    """η_min of the local cosine (0 <= η_min < loop.lr)."""
     optimizer: str = "torch.optim.SGD"
     """Local optimizer: the class path of a ``torch.optim.Optimizer`` subclass, built per client as
     ``cls(params, lr=η_r, weight_decay=loop.weight_decay, [momentum=loop.momentum,] **loop.optimizer_args)``
@@ -125,19 +129,21 @@ class LoopConfig:
     skip_client (drop that client's update for the round, count it, go on)."""
     client_dropout: float = 0.0
     """Probability that a sampled client fails to report (seeded by (seed, round, client)); its state is untouched."""
-    client_parallelism: Literal["auto", "sequential", "vmap"] = "auto"
+    client_parallelism: Literal["auto", "sequential", "vmap", "streams"] = "auto"
     """How each process runs its clients (the runner; the run's log says which ran and why). auto: vmap + compile
     on a CUDA device when the rule and model allow it, else sequential. sequential: one after another on one
     model. vmap: together, stacked along a client dimension (torch.func.vmap + functional_call; memory grows with
     the chunk); clients go together when their step count, batch sizes and state keys agree; rules that cannot run
-    stacked are refused before training."""
+    stacked are refused before training. streams: a model copy per client of a chunk (``vmap_chunk``), their steps
+    interleaved on CUDA streams (plain, not grouped, convolutions; every rule; exact)."""
     vmap_chunk: int | str | None = None  # str, not Literal["auto"]: a wrong value gets the check's message
     """Stacked runner only: at most this many clients trained together (bounds memory); null: all of a group; auto:
     as many as fit in the free memory by the model's measured per-client footprint. A chunk that runs out of memory
     is halved and redone (same numbers)."""
     channels_last: bool = False
     """Keep convolution weights and 4-D input batches in channels-last memory format (faster tensor-core
-    convolutions on GPU; no effect on the math)."""
+    convolutions on GPU; no effect on the math). The stacked runner then also keeps its grouped convolutions
+    channels-last end to end."""
     compile: bool | str | None = None
     """torch.compile the client computation: the model (sequential) or the stacked loss (vmap). true: inductor;
     a mode ("reduce-overhead" for CUDA graphs, on CPU the same as true; "max-autotune") or a backend name
@@ -146,6 +152,17 @@ class LoopConfig:
     stacked runner (then sequential) and says why."""
     progress: bool = True
     """Show a progress bar (only when stderr is a terminal)."""
+
+    def local_lr(self, lr: float, k: int, K: int) -> float:
+        """η_k, the lr of local step k (0-based) of K in a round at η_r = ``lr`` (``loop.local_lr_schedule``).
+
+        cosine: ``η_k = η_min + ½(η_r − η_min)(1 + cos(πk/K))``, from η_r at the first step down towards η_min,
+        restarted every round (the FedAdamW paper's "cosine decay ... over the 50 local steps per round", Appendix
+        C). The loop applies it to every rule (:func:`fedlight.algorithms.compose.local_schedule`); a rule that
+        divides by the lr keeps its paper's divisor (SCAFFOLD: ``Σ_k η_k``; FedAdamW's Δ_G: ``K·η_r``)."""
+        if self.local_lr_schedule == "cosine":
+            return self.local_lr_eta_min + 0.5 * (lr - self.local_lr_eta_min) * (1.0 + math.cos(math.pi * k / K))
+        return lr
 
     def optimizer_factory(self):
         """``factory(params, lr=η)`` → the local optimizer with this config's class, weight decay and arguments."""
@@ -173,6 +190,10 @@ class LoopConfig:
               "(lr comes from `loop.lr`, weight decay from `loop.weight_decay`)")
         check(0 < self.lr <= MAX_LR, f"`loop.lr` must be positive and at most {MAX_LR:g} (float32 parameters "
               f"overflow beyond ~3.4e38), got {self.lr}")
+        check(self.local_lr_schedule in ("constant", "cosine"),
+              f"`loop.local_lr_schedule` must be 'constant' or 'cosine', got {self.local_lr_schedule!r}")
+        check(0 <= self.local_lr_eta_min < self.lr, f"`loop.local_lr_eta_min` must be in [0, loop.lr = {self.lr}), "
+              f"got {self.local_lr_eta_min}")
         check(0 <= self.momentum < 1, f"`loop.momentum` must be in [0, 1), got {self.momentum}")
         check(self.momentum == 0 or "momentum" in _init_params(opt),
               f"`loop.momentum` ({self.momentum}) is not an argument of `loop.optimizer` {self.optimizer}; "
