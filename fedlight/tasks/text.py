@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
-from torchmetrics import Metric
 
 from fedlight.errors import ConfigError
 from fedlight.tasks.base import Task, check_class_count, check_vocab, eval_outputs, guard, outputs
@@ -52,6 +50,8 @@ class TextClassification(Task):
     def metrics(self) -> dict[str, Any]:
         from torchmetrics import MeanMetric
         from torchmetrics.classification import MulticlassAccuracy
+
+        from fedlight.tasks.confusion import ConfusionMetric  # torchmetrics (and what it imports) only when evaluating
 
         n = self.num_classes
         return {"acc": MulticlassAccuracy(num_classes=n, average="micro"), "f1": ConfusionMetric(n, f1),
@@ -108,24 +108,6 @@ def f1(cm: Tensor) -> float:
     if len(cm) == 2:
         return float(per[1])
     return float(per[den > 0].mean()) if bool((den > 0).any()) else 0.0
-
-
-class ConfusionMetric(Metric):
-    """A metric of the summed confusion matrix (``update(predicted, target)``; summed across processes)."""
-
-    full_state_update = False
-
-    def __init__(self, num_classes: int, fn: Callable[[Tensor], float]) -> None:
-        super().__init__()
-        self.num_classes, self.fn = num_classes, fn
-        self.add_state("cm", default=torch.zeros(num_classes, num_classes, dtype=torch.long), dist_reduce_fx="sum")
-
-    def update(self, preds: Tensor, target: Tensor) -> None:
-        idx = target.long() * self.num_classes + preds.long()
-        self.cm += torch.bincount(idx, minlength=self.num_classes**2).view(self.num_classes, self.num_classes)
-
-    def compute(self) -> Tensor:
-        return torch.tensor(self.fn(self.cm), dtype=torch.float64)
 
 
 def _inputs(batch: dict[str, Tensor]) -> dict[str, Tensor]:

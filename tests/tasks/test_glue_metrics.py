@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from fedlight.tasks import TextClassification
-from fedlight.tasks.text import ConfusionMetric, f1, mcc
+from fedlight.tasks.confusion import ConfusionMetric
+from fedlight.tasks.text import f1, mcc
 
 
 def metric_value(fn, n, pred, true, chunks=3):
