@@ -6,6 +6,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from slurm_cluster import slurm_cluster  # noqa: E402, F401 - the real single-node Slurm fixture
+
 if "FEDLIGHT_DATA" not in os.environ and (ROOT.parent / "shared" / "data").exists():
     os.environ["FEDLIGHT_DATA"] = str(ROOT.parent / "shared" / "data")
 

@@ -3,6 +3,7 @@ processes), ``--status``, ``--per-gpu`` packing and the Slurm resources."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
@@ -97,11 +98,26 @@ def test_slurm_resources_come_from_the_spec_and_the_flags(tmp_path):
         ("gpu", 26 * 60 + 30, 2, 64, "fl", 8)
     params = slurm.executor_parameters(res)
     assert params["slurm_additional_parameters"] == {"qos": "hi"} and params["gpus_per_node"] == 2
-    assert params["timeout_min"] == 1590 and params["slurm_partition"] == "gpu" and params["mem_gb"] == 64
+    assert params["timeout_min"] == 1590 and params["slurm_partition"] == "gpu" and params["slurm_mem"] == "64G"
+    assert params["slurm_signal_delay_s"] == 120
     generic, own = submitit.AutoExecutor._valid_parameters(), submitit.SlurmExecutor._valid_parameters()
     assert all(k in generic or (k.startswith("slurm_") and k[6:] in own) for k in params)  # names submitit knows
-    assert [slurm.Resources(time=t).minutes() for t in (90, "45", "1:30", "2:00:00", "1-2", "1-0:30")] == \
-        [90, 45, 2, 120, 26 * 60, 24 * 60 + 30]  # sbatch's forms (seconds rounded up to a minute)
+    assert [slurm.Resources(time=t).minutes() for t in (90, "45", "1:30", "2:00:00", "1-2", "1-0:30", "1-0:30:15")] \
+        == [90, 45, 2, 120, 26 * 60, 24 * 60 + 30, 24 * 60 + 31]  # sbatch's forms (seconds rounded up to a minute)
+    assert [slurm.Resources(mem=m).mem_text() for m in (4, "4", "4G", "4000M", "1T", "512k")] == \
+        ["4G", "4G", "4G", "4000M", "1T", "512k"]  # a plain number is GB, as before; sbatch's units pass unchanged
+    for bad in ("4GB", "4.5G", "-4", "04G", ""):
+        with pytest.raises(ConfigError, match="`--mem`"):
+            slurm.resources({}, {"mem": bad})
+    with pytest.raises(ConfigError, match="no room for the end-of-job signal 120 s"):
+        slurm.resources({}, {"time": "2"})
+    assert slurm.resources({"slurm": {"signal_s": 50}}, {"time": "2"}).signal_s == 50
+    given = argparse.Namespace(**{k: None for k in reproduce.CLUSTER_FLAGS})
+    given.mem, given.sbatch = "4000M", ["qos=high", "exclusive", "--begin=now+1hour", "comment=a=b"]
+    passed = slurm.executor_parameters(slurm.resources({}, reproduce._slurm_flags(given)))
+    assert passed["slurm_additional_parameters"] == \
+        {"qos": "high", "exclusive": True, "begin": "now+1hour", "comment": "a=b"}  # bare: an option without value
+    assert passed["slurm_mem"] == "4000M"
     with pytest.raises(ConfigError, match="unknown keys.*'partitoin'"):
         slurm.resources({"slurm": {"partitoin": "gpu"}}, {})
     with pytest.raises(ConfigError, match="--time"):
@@ -135,3 +151,24 @@ def test_local_per_gpu_gives_each_process_its_gpu(tmp_path, monkeypatch, capsys)
         reproduce.gpu_slots(2, 0)
     assert main(["reproduce", str(spec), "--partition", "gpu", "--out", str(tmp_path / "o")]) == 2
     assert "need `--launcher slurm`" in capsys.readouterr().err
+
+
+def test_the_slurm_launcher_and_reproduce_import_no_circle():
+    """reproduce imports slurm (for ``--launcher slurm``); slurm imports nothing of reproduce, not even inside a
+    function: a job gets the functions that run a run from the launcher, pickled with it."""
+    import ast
+    import inspect
+
+    from fedlight.lab import slurm
+
+    def imported(module) -> set[str]:
+        names = set()
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                names |= {f"{node.module}.{a.name}" for a in node.names} | {node.module or ""}
+        return names
+
+    assert "fedlight.lab.slurm" in imported(reproduce)
+    assert not {n for n in imported(slurm) | imported(jobs) if n.startswith("fedlight.lab.reproduce")}

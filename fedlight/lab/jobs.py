@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 JOB_FILE = "job.json"
+LIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "UNKNOWN", "PREEMPTED", "SUSPENDED",
+        "REQUEUE_HOLD", "SIGNALING", "STAGE_OUT")
+"""Scheduler states of a job that is still to run or running."""
 
 
 def host() -> str:
@@ -52,7 +55,8 @@ def rounds_done(path: Path) -> int:
 
 def state(run, scheduler=None) -> tuple[str, str]:
     """``(state, detail)`` of one run (a :class:`fedlight.lab.reproduce.Run`). ``scheduler(job_id)`` may name the
-    scheduler's own state of a pending or running job (Slurm: ``PENDING``, ``RUNNING``, ``FAILED``, ...)."""
+    scheduler's own state of a pending or running job (Slurm: ``PENDING``, ``RUNNING``, ``FAILED``, ..., then
+    details)."""
     from fedlight.lab import report as rep
 
     if not run.valid():
@@ -67,7 +71,7 @@ def state(run, scheduler=None) -> tuple[str, str]:
         return ("not started", "") if not done else ("stopped", where)
     if st in ("pending", "running") and scheduler is not None and job.get("job"):
         seen = scheduler(str(job["job"]))
-        if seen and seen.upper() not in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "UNKNOWN"):
+        if seen and seen.split()[0].upper() not in LIVE:
             return "failed", f"{where}; the scheduler reports {seen}: {last_line(run.path) or 'no fit.log'}"
     if st == "running":
         return "running", f"{where} on {job.get('host', '?')}"
@@ -83,6 +87,9 @@ def status_table(runs, scheduler=None) -> str:
     width = max((len(f"{r.cell.run_key} seed{r.seed}") for r in todo), default=10)
     for r in todo:
         st, detail = state(r, scheduler)
+        job = read(r.path).get("job") if scheduler is not None else None
+        if job and (seen := scheduler(str(job))) and seen not in detail:
+            detail = f"{detail}; Slurm: {seen}" if detail else f"Slurm: {seen}"
         counts[st] = counts.get(st, 0) + 1
         lines.append(f"{r.cell.run_key + ' seed' + str(r.seed):<{width}}  {st:<11} {detail}".rstrip())
     lines.append(f"{len(todo)} runs: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))

@@ -470,14 +470,14 @@ def _cluster_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--per-gpu", type=int, default=None, metavar="N", help="runs side by side per GPU: local "
                    "launcher: N processes per visible GPU; slurm: N runs per GPU of each job (per job without --gpus)")
     g.add_argument("--partition", help="Slurm partition")
-    g.add_argument("--time", help="time limit per job: minutes or [D-]HH:MM:SS (default 4:00:00); a job that "
-                   "reaches it is requeued and its runs resume")
+    g.add_argument("--time", help="time limit per job, as sbatch takes it: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM "
+                   "or D-HH:MM:SS (default 4:00:00); a job that reaches it is requeued and its runs resume")
     g.add_argument("--gpus", type=int, metavar="G", help="GPUs per job (default 0)")
     g.add_argument("--cpus", type=int, help="CPUs per job")
-    g.add_argument("--mem", type=int, help="memory per job, GB")
+    g.add_argument("--mem", help="memory per job: GB as a plain number (64), or with sbatch's unit (64G, 4000M)")
     g.add_argument("--account", help="Slurm account")
-    g.add_argument("--sbatch", action="append", metavar="KEY=VALUE", help="a further sbatch option, e.g. "
-                   "--sbatch qos=high --sbatch constraint=a100 (repeatable)")
+    g.add_argument("--sbatch", action="append", metavar="KEY[=VALUE]", help="a further sbatch option, passed "
+                   "unchanged, e.g. --sbatch qos=high --sbatch constraint=a100 --sbatch exclusive (repeatable)")
     g.add_argument("--requeues", type=int, help="time-outs a job may be requeued after (default 10; preemptions "
                    "are not counted)")
     g.add_argument("--wait", action="store_true", help="with --launcher slurm: wait for the jobs, then write the "
@@ -486,10 +486,10 @@ def _cluster_arguments(p: argparse.ArgumentParser) -> None:
 
 def _slurm_flags(a: argparse.Namespace) -> dict[str, Any]:
     flags = {k: getattr(a, k) for k in CLUSTER_FLAGS}
-    if a.sbatch:
-        bad = [o for o in a.sbatch if "=" not in o]
-        check(not bad, f"`--sbatch` takes KEY=VALUE, got {bad[0]!r}" if bad else "")
-        flags["sbatch"] = dict(o.lstrip("-").split("=", 1) for o in a.sbatch)
+    if a.sbatch:  # KEY=VALUE, or a bare KEY for sbatch's options without a value (--sbatch exclusive)
+        pairs = [o.lstrip("-").partition("=") for o in a.sbatch]
+        check(all(k for k, _, _ in pairs), f"`--sbatch` takes KEY=VALUE or KEY, got {a.sbatch!r}")
+        flags["sbatch"] = {k: v if eq else True for k, eq, v in pairs}
     return flags
 
 
@@ -511,13 +511,20 @@ def launch(a: argparse.Namespace, spec: dict[str, Any], runs: list[Run], out: Pa
             print(f"{r.cell.run_key} seed{r.seed}: conflict — {r.path} was made by another command (reproduce.json); "
                   "delete it or pass another --out", flush=True)
     todo = [r for r in distinct if r.valid() and not rep.finished(r.path)]
-    handles = slurm.submit(todo, res, out, a.cluster) if todo else []
+    handles = slurm.submit(todo, res, out, a.cluster, run_one, run_env) if todo else []
     print(f"submitted {len(todo)} runs in {len(handles)} jobs ({', '.join(h.job_id for h in handles) or '-'}); "
           f"see them with: fedlight reproduce {a.spec} --status" + (f" --out {a.out}" if a.out else ""), flush=True)
-    if a.wait:
-        for h in handles:
-            h.wait()
-    return {}
+    if not a.wait:
+        return {}
+    slurm.wait(handles, a.cluster)
+    from fedlight.lab import jobs
+
+    counts: dict[str, int] = {}
+    for r in todo:  # what the jobs left: a run stopped (scancel) or failed makes the command fail
+        st = jobs.read(r.path).get("state")
+        st = st if st in ("done", "diverged", "skipped", "failed") else "stopped"  # a job cancelled before it ran
+        counts[st] = counts.get(st, 0) + 1
+    return counts
 
 
 def _status(a: argparse.Namespace, out: Path, runs: list[Run]) -> int:
