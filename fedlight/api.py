@@ -96,6 +96,7 @@ def fit(
     try:
         runner = _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_path, defining, precision)
         _annotate(record, runner, ckpt, defining, execution, seed)
+        record.watch.hint = getattr(runner.task, "hint", None) or record.watch.hint  # the optimizer really used
         refused = False
         record.open(text, data, overwrite=overwrite and ckpt is None, fresh=ckpt is None)
         with stops.stop_signals(), stops.disk_guard(record):  # clean stops on signals and failed writes
@@ -213,7 +214,7 @@ def _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_p
     check(loop.clients_per_round <= data.num_clients,
           f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({data.num_clients})")
     task = resolve_task(task, model, data)  # set up by the loop, with the data
-    loop, optimizer = _local_optimizer(fabric, model, task, algorithm, loop)
+    loop, optimizer, algorithm = _local_optimizer(fabric, model, task, algorithm, loop, data)
     runner = FederatedLoop(fabric, model, data, algorithm, loop, seed, out, task=task, optimizer=optimizer)
     runner.probe()  # one batch through model + task: a mismatch is refused before round 1
     _check_targets(task, loop)  # after the probe: a LightningModule's headline is known only then
@@ -244,39 +245,11 @@ def _check_resume(runner, ckpt, ckpt_path, defining) -> None:
                           "`--out_dir`, or `--overwrite true` without `--resume`)")
 
 
-def _local_optimizer(fabric, model, task, algorithm, loop):
-    """A LightningModule's ``configure_optimizers`` as the local optimizer (its lr is the schedule's base, its weight
-    decay the rules'), unless the rule prescribes its own; otherwise ``loop.optimizer``."""
-    import dataclasses
-    import functools
-
-    from fedlight.rules import LocalUpdateRule
-
-    optimizer = getattr(task, "optimizer", None)
-    if optimizer is None or not task.has_optimizer(model):
-        return loop, None
-    name = type(model).__name__
-    if type(algorithm.local).make_optimizer is not LocalUpdateRule.make_optimizer:
-        fabric.print(f"fedlight: {type(algorithm).__name__} prescribes its own local optimizer; "
-                     f"{name}.configure_optimizers() is not used")
-        return loop, None
-    cls, group, notes = optimizer(model)
-    for note in notes:
-        fabric.print(f"fedlight: note: {note}")
-    args = ", ".join(f"{k}={v}" for k, v in group.items()
-                     if k in ("lr", "weight_decay") or (isinstance(v, (int, float, tuple)) and v and v is not True))
-    fabric.print(f"fedlight: local optimizer from {name}.configure_optimizers(): {cls.__name__}({args}); "
-                 "`loop.lr`, `loop.optimizer` and `loop.weight_decay` are not used")
-    loop = dataclasses.replace(loop, lr=float(group["lr"]), weight_decay=float(group.get("weight_decay", 0.0)),
-                               momentum=0.0)
-    hyper = {k: v for k, v in group.items() if k in _init_args(cls) and k != "lr"}
-    return loop, functools.partial(cls, **hyper)
-
-
-def _init_args(cls) -> set[str]:
-    import inspect
-
-    return set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
+def _local_optimizer(fabric, model, task, algorithm, loop, data=None):
+    """The task's own local optimization (a LightningModule's ``configure_optimizers``, schedulers and clip: see
+    :mod:`fedlight.tasks.lightning_optim`), else ``loop.optimizer``: ``(loop, optimizer factory, algorithm)``."""
+    own = getattr(task, "local_optimization", None)
+    return own(fabric, model, algorithm, loop, data) if own is not None else (loop, None, algorithm)
 
 
 def _segments(ckpt, start_round: int, execution: dict[str, Any]) -> list[dict[str, Any]]:

@@ -178,5 +178,6 @@ class Fitting:
             P.copy_(self.live_buffers, self.buffers)
             state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         record.finish(summary, state)
+        self.task.end(self.model)
         self.fabric.barrier()
         return summary

@@ -132,6 +132,7 @@ class FederatedLoop(Fitting):
         overrides it) → ``server.update``. Returns the round's metrics row."""
         t0 = time.perf_counter()
         plan = self.plan(r)
+        self.task.begin_round(plan.info)
         counts = {k: b.clone() for k, b in self.int_buffers.items()}
         got = self._collect(self.runner.train(self.jobs(plan), plan.info, self.buffers), plan)
         P.copy_(self.int_buffers, counts)  # clients' forward passes do not count; the round advances them below

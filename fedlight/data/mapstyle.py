@@ -194,14 +194,14 @@ class DataModuleClients(DatasetClients):
         return self.train, None
 
     def _test_loader(self) -> Any:
-        from lightning.pytorch.utilities.exceptions import MisconfigurationException
+        from fedlight.tasks.lightning_compat import misconfiguration_errors
 
         dm = self.datamodule
         for stage, name in (("test", "test_dataloader"), ("validate", "val_dataloader")):
             try:
                 dm.setup(stage)
                 return getattr(dm, name)()
-            except (NotImplementedError, MisconfigurationException):
+            except (NotImplementedError, *misconfiguration_errors()):
                 continue
         return ()
 
@@ -227,9 +227,9 @@ def as_federated(data: Any) -> FederatedDataModule:
     with its defaults (printed, so the user knows how to choose)."""
     if isinstance(data, FederatedDataModule):
         return data
-    from lightning.pytorch import LightningDataModule
+    from fedlight.tasks.lightning_compat import is_lightning_datamodule
 
-    if isinstance(data, LightningDataModule):
+    if is_lightning_datamodule(data):
         wrapped = DataModuleClients(data)
         print(f"fedlight: note: {type(data).__name__} split into {wrapped.num_clients} IID clients; pass "
               f"fedlight.data.DataModuleClients({type(data).__name__}(...), num_clients=..., partition=...) to "

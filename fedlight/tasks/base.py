@@ -40,6 +40,12 @@ class Task:
     def setup(self, data: Any) -> None:
         """Learn what the task needs from the data module after its ``setup`` (e.g. the number of classes)."""
 
+    def begin_round(self, info: Any) -> None:
+        """Round ``info.round`` is about to train (a task that tracks the round, e.g. a LightningModule's epoch)."""
+
+    def end(self, model: nn.Module) -> None:
+        """The run finished (after ``final_model.pt`` is written)."""
+
     # ----------------------------------------------------------------------------------------- training
     def objective(self, model: nn.Module, batch: Any) -> Tensor:
         """The client's mean training loss on ``batch`` (a 0-dim tensor)."""
