@@ -93,8 +93,6 @@ class LightningTask(Task):
             self.trainer.at(self.round, (self.round + 1) * self.steps, "done")
             call_hook(model, "on_fit_end")
             attach(model, None)
-            for name in ("optimizers", "manual_backward", "lr_schedulers"):
-                model.__dict__.pop(name, None)
 
     # ----------------------------------------------------------------------------------------- training
     def objective(self, model: nn.Module, batch: Any, batch_idx: int = 0) -> Tensor | None:

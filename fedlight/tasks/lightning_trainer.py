@@ -65,5 +65,16 @@ class FedTrainer:
 
 
 def attach(module: Any, trainer: FedTrainer | None) -> None:
-    """``module.trainer = trainer`` (and on every LightningModule inside it); ``None`` detaches."""
+    """``module.trainer = trainer`` (and on every LightningModule inside it); ``None`` detaches. While attached,
+    ``self.log`` outside the moments fedlight captures (e.g. a rule's own objective) keeps nothing."""
     module.trainer = trainer
+    names = ("log", "log_dict", "optimizers", "manual_backward", "lr_schedulers")
+    if trainer is None:
+        for name in names:
+            module.__dict__.pop(name, None)
+    else:
+        module.__dict__["log"] = module.__dict__["log_dict"] = _discard
+
+
+def _discard(*args: Any, **kwargs: Any) -> None:
+    return None
