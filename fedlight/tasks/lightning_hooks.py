@@ -68,6 +68,7 @@ class ClientHooks:
         self.skip, self.batch, self.outputs = False, None, None
         self.stacked = in_stacked() or type(ctx).__name__ == "StackedContext"
         module.__dict__["optimizers"] = lambda use_pl_optimizer=True: ClientOptimizer(ctx)
+        module.__dict__["lr_schedulers"] = lambda: _schedulers(task, ctx)
         module.__dict__["manual_backward"] = self.manual_backward
         if not self.stacked:
             self._wrap_step(ctx.optimizer)
@@ -117,3 +118,27 @@ class ClientHooks:
         self.ctx.scratch["lightning_ended"] = True
         self.task.trainer.global_step = self.ctx.round * self.ctx.num_steps + self.ctx.num_steps
         call_hook(self.module, "on_train_epoch_end", sink=self.logs)
+        self.task._train_logs(self.logs, self.ctx.scratch.setdefault("lightning_logs", {}), self.ctx)
+        self.logs.clear()
+
+
+class SchedulerView:
+    """``self.lr_schedulers()``: the module's scheduler as seen by a client; fedlight sets the lr by its interval
+    (``step()`` does nothing, so a manual loop calling it keeps the same schedule)."""
+
+    def __init__(self, scheduler: Any, ctx: Any) -> None:
+        self._scheduler, self._ctx = scheduler, ctx
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def get_last_lr(self) -> list[float]:
+        return [g["lr"] for g in self._ctx.optimizer.param_groups]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._scheduler, name)
+
+
+def _schedulers(task: Any, ctx: Any) -> Any:
+    views = [SchedulerView(c.scheduler, ctx) for c in (task.trainer.lr_scheduler_configs if task.trainer else [])]
+    return None if not views else views[0] if len(views) == 1 else views

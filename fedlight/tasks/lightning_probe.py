@@ -17,7 +17,8 @@ from fedlight.tasks.lightning_logs import capture_logs
 class _NoStep:
     """``self.optimizers()`` during the probe: steps nothing."""
 
-    param_groups: list = []
+    def __init__(self, optimizers: list) -> None:
+        self.param_groups = [dict(g) for g in optimizers[0].param_groups] if optimizers else [{}]
 
     def step(self, closure=None):
         return None
@@ -40,15 +41,18 @@ def probe(task: Any, model, train_batch, test_batch, fabric=None) -> None:
     if not task.manual and (not isinstance(loss, Tensor) or loss.dim() != 0):
         raise ConfigError(f"{name}.training_step must return a scalar loss, got "
                           f"{tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__}")
-    logged = guard("the LightningModule's test_step", lambda: task.evaluate(model, [test_batch], fabric))
-    if not logged:
-        step = next((s for s in ("test_step", "validation_step") if overrides(model, s)), None)
-        why = f"{name}.{step} logs nothing" if step else f"{name} defines neither test_step nor validation_step"
-        note(fabric, f"{why}: the global model is evaluated by training_step's loss on the test set (`test_loss`); "
-                     "log a metric with `self.log(\"test_acc\", acc)` in a test_step to report your own")
+    step = next((s for s in ("test_step", "validation_step") if overrides(model, s)), None)
+    task.by_loss = step is None
+    logged = guard(f"the LightningModule's {step or 'training_step on a test batch'}",
+                   lambda: task.evaluate(model, [test_batch], fabric))
+    if not logged and step is not None:
         task.by_loss = True
         logged = guard("the LightningModule's training_step on a test batch",
                        lambda: task.evaluate(model, [test_batch], fabric))
+    if task.by_loss:
+        why = f"{name}.{step} logs nothing" if step else f"{name} defines neither test_step nor validation_step"
+        note(fabric, f"{why}: the global model is evaluated by training_step's loss on the test set (`test_loss`); "
+                     "log a metric with `self.log(\"test_acc\", acc)` in a test_step to report your own")
     task.names = tuple(k[len("test_"):] for k in logged)
     if task.headline not in task.names:
         raise ConfigError(f"`task.headline` {task.headline!r} is not logged by {name}'s test_step (it logs "
@@ -63,8 +67,9 @@ def _probe_loss(task: Any, model, batch, fabric) -> Any:
     was = model.training
     model.eval()
     saved = {k: model.__dict__.get(k) for k in ("optimizers", "manual_backward")}
+    optimizers = task.trainer.optimizers if task.trainer is not None else []
+    model.__dict__["optimizers"] = lambda use_pl_optimizer=True: _NoStep(optimizers)
     if task.manual:
-        model.__dict__["optimizers"] = lambda use_pl_optimizer=True: _NoStep()
         model.__dict__["manual_backward"] = lambda loss, *a, **kw: None
     try:
         with torch.no_grad(), capture_logs(model):

@@ -25,7 +25,8 @@ def _data():
 
 
 def _cfg(**kw):
-    return LoopConfig(rounds=R, clients_per_round=S, local_steps=K, max_grad_norm=None, progress=False, **kw)
+    return LoopConfig(**{"rounds": R, "clients_per_round": S, "local_steps": K, "max_grad_norm": None,
+                         "progress": False, **kw})
 
 
 def _fit(tmp_path, model, name="run", **kw):
@@ -54,7 +55,8 @@ def _by_hand(model: LitMLP, data, lr_at=None, after_client=None) -> dict[str, to
                     group["lr"] = lr_at(r, k) if lr_at is not None else model.lr
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # self.log without a Trainer: not what is tested here
-                    loss = model.training_step(batch, k)["loss"]
+                    out = model.training_step(batch, k)
+                    loss = out["loss"] if isinstance(out, dict) else out
                 opt.zero_grad()
                 loss.backward()
                 opt.step()

@@ -1,0 +1,246 @@
+"""Lightning code as people write it: published modules run unchanged, the module's own schedule, trainer state
+and hooks behave as in a hand-written loop (64-true), and fedlight changes nothing of the optimisation silently."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from lit import BlobsDataModule, LitMLP
+from test_lightning import K, R, _by_hand, _data, _fit
+
+import fedlight
+from fedlight.data import DataModuleClients, IID
+from fedlight.errors import ConfigError
+
+
+def _final(tmp_path, name="run"):
+    return torch.load(tmp_path / name / "final_model.pt", weights_only=True)
+
+
+def _close(got, want):
+    for k, v in want.items():
+        torch.testing.assert_close(got[k], v, rtol=0, atol=1e-10)
+
+
+class Scheduled(LitMLP):
+    """A warm-down by step (over estimated_stepping_batches) or a StepLR by epoch; records the trainer state and
+    the lr of every training_step; logs at each epoch end."""
+
+    def __init__(self, interval: str = "step"):
+        super().__init__()
+        self.interval, self.seen = interval, []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append((self.current_epoch, self.global_step, self.optimizers().param_groups[0]["lr"]))
+        return super().training_step(batch, batch_idx)
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+        total = self.trainer.estimated_stepping_batches
+        if self.interval == "step":
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / total)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)]
+
+    def on_train_epoch_end(self):
+        self.log("epoch_end_step", float(self.trainer.global_step))
+        self.log("w_norm", self.net[0].weight.norm())
+
+    def on_test_epoch_end(self):
+        self.log("test_epoch", float(self.current_epoch))
+
+
+@pytest.mark.parametrize("interval", ["step", "epoch"])
+def test_the_modules_schedule_trainer_state_and_epoch_hooks_equal_a_hand_loop(tmp_path, capsys, interval):
+    lr_at = (lambda r, k: 0.2 * (1 - (r * K + k) / (R * K))) if interval == "step" else (lambda r, k: 0.2 * 0.5**r)
+    torch.manual_seed(0)
+    model = Scheduled(interval)
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    summary = _fit(tmp_path, model)
+    err = "".join(capsys.readouterr())
+    assert "replayed per client step r·K+k; `loop.lr_schedule` does not apply" in err
+    seen = model.seen[1:]  # the probe's call first
+    assert [(e, s) for e, s, _ in seen] == [(r, r * K + k) for r in range(R) for _ in range(3) for k in range(K)]
+    assert [lr for *_, lr in seen] == pytest.approx([lr_at(r, k) for r in range(R) for _ in range(3)
+                                                     for k in range(K)], abs=1e-12)
+    norms = []
+    twin = Scheduled(interval)
+    twin.load_state_dict(init)
+    twin.optimizers = lambda: torch.optim.SGD([torch.zeros(1)], lr=0.0)  # what it records is not compared
+    want = _by_hand(twin, _data(), lr_at, after_client=lambda m: norms.append(float(m.net[0].weight.norm())))
+    _close(_final(tmp_path), want)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for r, row in enumerate(rows):
+        assert row["train/epoch_end_step"] == (r + 1) * K
+        assert row["train/w_norm"] == pytest.approx(sum(norms[3 * r:3 * r + 3]) / 3, abs=1e-10)
+        assert row["test_epoch"] == r
+    assert summary["final_test_epoch"] == R - 1
+
+
+class Skipping(LitMLP):
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        return None if batch_idx == 1 else out
+
+
+def test_training_step_returning_none_skips_the_step(tmp_path):
+    torch.manual_seed(0)
+    model = Skipping()
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    _fit(tmp_path, model)
+    twin = LitMLP()
+    twin.load_state_dict(init)
+    skip_lr = lambda r, k: 0.0 if k == 1 else 0.2  # noqa: E731 - lr 0 and no momentum carry: see below
+    twin.momentum = 0.0  # momentum would carry the skipped step: compare against SGD without it
+    plain = Skipping()
+    plain.load_state_dict(init)
+    plain.momentum = 0.0
+    _fit(tmp_path, plain, name="plain")
+    _close(_final(tmp_path, "plain"), _by_hand(twin, _data(), skip_lr))
+
+
+class Manual(LitMLP):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        loss = super().training_step(batch, batch_idx)["loss"]
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        return loss
+
+
+def test_manual_optimisation_under_fedavg_equals_a_hand_loop_and_shaping_rules_refuse(tmp_path):
+    torch.manual_seed(0)
+    model = Manual()
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    _fit(tmp_path, model)
+    twin = LitMLP()
+    twin.load_state_dict(init)
+    _close(_final(tmp_path), _by_hand(twin, _data()))
+    with pytest.raises(ConfigError, match="manual optimisation .* fedadam, fedavg, fedavgm. SCAFFOLD shapes it"):
+        _fit(tmp_path, Manual(), name="scaffold", algorithm=fedlight.create("scaffold"))
+
+
+def test_a_pytorch_lightning_classifier_and_data_module_train_by_their_own_steps(tmp_path, capsys):
+    pytest.importorskip("pytorch_lightning")
+    from lit_pl import LitNet, PLBlobs
+
+    torch.manual_seed(0)
+    model = LitNet()
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    data = lambda: DataModuleClients(PLBlobs(), num_clients=6, partition=__import__(  # noqa: E731
+        "fedlight.data", fromlist=["Dirichlet"]).Dirichlet(0.5))
+    summary = fedlight.fit(model, data(), loop=_loop(), precision="64-true", out_dir=str(tmp_path / "run"))
+    assert "local optimizer from LitNet.configure_optimizers(): SGD(lr=0.05, momentum=0.9" in \
+        "".join(capsys.readouterr())
+    assert summary["headline"]["metric"] == "test_accuracy"
+    twin = LitNet()
+    twin.load_state_dict(init)
+    _close(_final(tmp_path), _by_hand(twin, data()))
+
+
+def test_a_pytorch_lightning_autoencoder_ignoring_labels_runs_with_its_adam(tmp_path, capsys):
+    pytest.importorskip("pytorch_lightning")
+    from lit_pl import LitAutoEncoder, PLBlobs
+
+    torch.manual_seed(0)
+    summary = fedlight.fit(LitAutoEncoder(), PLBlobs(), loop=_loop(), out_dir=str(tmp_path / "ae"))
+    assert "local optimizer from LitAutoEncoder.configure_optimizers(): Adam(lr=0.01" in "".join(capsys.readouterr())
+    assert summary["headline"]["metric"] == "test_loss" and summary["final_test_loss"] < summary["best_test_loss"] * 2
+
+
+def _loop(**kw):
+    from fedlight.args import LoopConfig
+
+    return LoopConfig(rounds=R, clients_per_round=3, local_steps=K, progress=False, **kw)
+
+
+def _loss_on_test(module, batches):
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for i, b in enumerate(batches):
+            out = module.training_step(b, i)
+            loss = out["loss"] if isinstance(out, dict) else out
+            total, n = total + float(loss) * len(b), n + len(b)
+    return total / n
+
+
+@pytest.mark.parametrize("demo", ["BoringModel", "DemoModel"])
+def test_lightnings_demo_modules_run_unchanged_and_are_evaluated_by_their_training_loss(tmp_path, capsys, demo):
+    from lightning.pytorch import demos
+
+    torch.manual_seed(0)
+    model = getattr(demos, demo)()
+    dm = demos.BoringDataModule()
+    data = DataModuleClients(dm, num_clients=4, batch_size=8, partition=IID())
+    summary = fedlight.fit(model, data, loop=_loop(), out_dir=str(tmp_path / demo))
+    assert "is evaluated by training_step's loss on the test set (`test_loss`)" in "".join(capsys.readouterr())
+    model.load_state_dict(_final(tmp_path, demo))
+    test = dm.random_full.data[128:192]  # BoringDataModule's test split, in its test loader's batches of 1
+    assert summary["final_test_loss"] == pytest.approx(_loss_on_test(model, test.split(1)), rel=1e-5)
+
+
+def test_lightning_transformer_demo_on_procedural_tokens(tmp_path):
+    from lightning.pytorch.demos import LightningTransformer
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 20, (64, 9), generator=g)
+    train = TensorDataset(tokens[:48, :-1], tokens[:48, 1:])
+    test = TensorDataset(tokens[48:, :-1], tokens[48:, 1:])
+    torch.manual_seed(0)
+    data = fedlight.data.DatasetClients(train, test, num_clients=4, batch_size=4, partition=IID())
+    summary = fedlight.fit(LightningTransformer(vocab_size=20), data, loop=_loop(), out_dir=str(tmp_path / "t"))
+    assert summary["headline"]["metric"] == "test_loss" and summary["final_test_loss"] < 3.2  # ln 20 = 3.0 at chance
+
+
+@pytest.mark.parametrize("problem, match", [
+    ("frozen", "has no trainable parameter"),
+    ("attribute", "`self.trainer.fit_loop` is not available under fedlight"),
+    ("plateau", "ReduceLROnPlateau, which fedlight cannot replay"),
+])
+def test_refusals_name_the_problem_before_round_1(tmp_path, problem, match):
+    model = LitMLP()
+    if problem == "frozen":
+        model.requires_grad_(False)
+    if problem == "attribute":
+        model = type("Reads", (LitMLP,), {"training_step": lambda self, b, i: self.trainer.fit_loop})()
+    if problem == "plateau":
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt)}
+        model = type("Plateau", (LitMLP,), {"configure_optimizers": configure_optimizers})()
+    with pytest.raises(ConfigError, match=match):
+        _fit(tmp_path, model)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_stacked_equals_sequential_with_a_schedule_and_hooks(tmp_path):
+    finals = {}
+    for mode in ("sequential", "vmap"):
+        torch.manual_seed(0)
+        _fit(tmp_path, Scheduled("step"), name=mode, algorithm=fedlight.create("scaffold"),
+             loop={"client_parallelism": mode})
+        finals[mode] = _final(tmp_path, mode)
+    _close(finals["vmap"], finals["sequential"])
+
+
+def test_an_unused_default_clip_is_not_applied_and_an_explicit_one_is(tmp_path, capsys):
+    torch.manual_seed(0)
+    init = LitMLP().state_dict()
+    for name, clip in (("default", 10.0), ("none", None), ("tight", 0.01)):
+        m = LitMLP()
+        m.load_state_dict(init)
+        _fit(tmp_path, m, name=name, loop={"max_grad_norm": clip})
+    assert "gradient clip 0.01 (`loop.max_grad_norm`)" in "".join(capsys.readouterr())
+    _close(_final(tmp_path, "default"), _final(tmp_path, "none"))
+    assert not torch.equal(_final(tmp_path, "tight")["net.0.weight"], _final(tmp_path, "none")["net.0.weight"])
+
+
+__all__ = ["BlobsDataModule"]
