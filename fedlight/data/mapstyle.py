@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from fedlight.data.base import FederatedDataModule, partition_labels
@@ -173,7 +174,7 @@ class DataModuleClients(DatasetClients):
         num_clients, batch_size, partition, label_fn, client_fn, num_classes: as :class:`DatasetClients`.
     """
 
-    def __init__(self, datamodule: Any, num_clients: int = 10, batch_size: int | None = None,
+    def __init__(self, datamodule: LightningDataModule | dict, num_clients: int = 10, batch_size: int | None = None,
                  partition: Partitioner | None = None, label_fn: Callable[[Any], Any] | None = None,
                  client_fn: Callable[[Any], Any] | None = None, num_classes: int | None = None) -> None:
         super().__init__(train=None, num_clients=num_clients, batch_size=batch_size or 1, partition=partition,
