@@ -101,6 +101,12 @@ def fit(
         record.open(text, data, overwrite=overwrite and ckpt is None, fresh=ckpt is None)
         with stops.stop_signals(), stops.disk_guard(record):  # clean stops on signals and failed writes
             return runner.fit(record)
+    except Exception as e:  # the user's own code (a LightningModule's hook) raised mid-run: its frames, what is kept
+        from fedlight.tasks.lightning_errors import user_code_error
+
+        if refused or (mine := user_code_error(e, record)) is None:
+            raise
+        raise mine from None
     finally:
         record.close(refused=refused)
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 from lightning.pytorch import LightningDataModule
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from fedlight.data.base import FederatedDataModule, partition_labels

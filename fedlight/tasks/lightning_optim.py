@@ -109,9 +109,9 @@ def _notes(name: str, optimizers: list, configs: list, first) -> list[str]:
 
 def _sgd_note(fabric, algorithm, first, group) -> None:
     """A rule whose local algebra is written for SGD steps, run with another optimizer: say what that means."""
-    from fedlight.rules import LocalUpdateRule
-
     import torch
+
+    from fedlight.rules import LocalUpdateRule
 
     if type(algorithm.local) is LocalUpdateRule or isinstance(first, torch.optim.SGD):
         return

@@ -11,7 +11,7 @@ from lit import BlobsDataModule, LitMLP
 from test_lightning import K, R, _by_hand, _data, _fit
 
 import fedlight
-from fedlight.data import DataModuleClients, IID
+from fedlight.data import IID, DataModuleClients
 from fedlight.errors import ConfigError
 
 
@@ -244,3 +244,34 @@ def test_an_unused_default_clip_is_not_applied_and_an_explicit_one_is(tmp_path, 
 
 
 __all__ = ["BlobsDataModule"]
+
+
+class FailsInRound2(Scheduled):
+    fail = True
+
+    def on_train_epoch_start(self):
+        if self.fail and self.current_epoch == 1:
+            raise ValueError("my hook broke")
+
+
+def test_an_exception_in_the_users_hook_keeps_round_1_and_resume_continues_bitwise(tmp_path):
+    from fedlight.tasks.lightning_errors import UserCodeError
+
+    torch.manual_seed(0)
+    model = FailsInRound2()
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(UserCodeError) as e:
+        _fit(tmp_path, model)
+    text = str(e.value)
+    assert "in on_train_epoch_start" in text and "ValueError: my hook broke" in text and "fedlight/" not in text
+    assert "rounds 1-1 are kept" in text and "`--resume auto` to continue exactly from round 2" in text
+    assert e.value.status == 1
+    again = FailsInRound2()
+    again.load_state_dict(init)  # the architecture; the parameters come from the checkpoint
+    again.fail = False
+    _fit(tmp_path, again, resume="auto")
+    whole = Scheduled()
+    whole.load_state_dict(init)
+    _fit(tmp_path, whole, name="whole")
+    a, b = _final(tmp_path), _final(tmp_path, "whole")
+    assert all(torch.equal(a[k], b[k]) for k in b)
