@@ -73,7 +73,8 @@ def _probe_loss(task: Any, model, batch, fabric) -> Any:
         model.__dict__["manual_backward"] = lambda loss, *a, **kw: None
     try:
         with torch.no_grad(), capture_logs(model):
-            return guard("the LightningModule's training_step", lambda: task._probe_loss(model, batch, fabric))
+            return guard("the LightningModule's training_step", lambda: task._probe_loss(model, batch, fabric),
+                         batch)
     finally:
         model.train(was)
         for k, v in saved.items():

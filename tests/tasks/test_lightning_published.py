@@ -275,3 +275,51 @@ def test_an_exception_in_the_users_hook_keeps_round_1_and_resume_continues_bitwi
     _fit(tmp_path, whole, name="whole")
     a, b = _final(tmp_path), _final(tmp_path, "whole")
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+class Frozen(LitMLP):
+    def __init__(self):
+        super().__init__()
+        self.requires_grad_(False)
+
+
+class StringLabels(torch.utils.data.Dataset):
+    def __init__(self, n=60):
+        from lit import blobs
+
+        self.x, self.y = blobs(n)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], ("cat", "dog", "emu")[int(self.y[i])]
+
+
+@pytest.mark.parametrize("model", ["lit.LitMLP", "fedlight.models.MLP"])
+def test_string_labels_are_refused_with_the_mapping_to_write(tmp_path, model):
+    from fedlight.data import DatasetClients
+
+    data = DatasetClients(StringLabels(), StringLabels(), num_clients=4, partition=IID(), batch_size=5)
+    spec = {"class_path": model, "init_args": {} if model.startswith("lit") else {"in_features": 8, "num_classes": 3}}
+    with pytest.raises(ConfigError, match=r"labels are strings \('cat', 'dog', 'emu', ...\).*class_to_idx"):
+        fedlight.fit(spec, data, loop=_loop(), out_dir=str(tmp_path / "s"))
+
+
+def test_the_command_line_nested_datamodule_flags_and_exit_statuses(tmp_path, capsys):
+    from fedlight.cli import main
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model: {class_path: lit.LitMLP}\n"
+                      "data:\n  class_path: fedlight.data.DataModuleClients\n  init_args:\n"
+                      "    datamodule: {class_path: lit.BlobsDataModule, init_args: {batch_size: 6}}\n"
+                      "    num_clients: 6\n"
+                      "loop: {rounds: 2, clients_per_round: 2, local_steps: 2, progress: false}\n")
+    args = ["fit", "--config", str(recipe), "--out_dir"]
+    assert main([*args, str(tmp_path / "a"), "--data.init_args.datamodule.init_args.batch_size", "16"]) == 0
+    assert "batch_size: 16" in (tmp_path / "a" / "config.yaml").read_text()
+    assert main([*args, str(tmp_path / "b"), "--model", "test_lightning_published.Frozen"]) == 2
+    assert "has no trainable parameter" in capsys.readouterr().err
+    assert main([*args, str(tmp_path / "c"), "--model", "test_lightning_published.FailsInRound2"]) == 1
+    err = capsys.readouterr().err
+    assert "ValueError: my hook broke" in err and "rounds 1-1 are kept" in err
