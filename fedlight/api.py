@@ -98,6 +98,8 @@ def fit(
         _annotate(record, runner, ckpt, defining, execution, seed)
         record.watch.hint = getattr(runner.task, "hint", None) or record.watch.hint  # the optimizer really used
         refused = False
+        effective = runner.task.effective  # what trained, where the loop settings do not apply
+        text += f"# fedlight: local optimization used: {effective}\n" if effective else ""
         record.open(text, data, overwrite=overwrite and ckpt is None, fresh=ckpt is None)
         with stops.stop_signals(), stops.disk_guard(record):  # clean stops on signals and failed writes
             return runner.fit(record)

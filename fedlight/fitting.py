@@ -172,6 +172,8 @@ class Fitting:
         summary["client_runner"] = f"{getattr(self.runner, 'description', self.runner.name)} ({self.runner_reason})"
         summary["client_runner_fallbacks"] = list(getattr(self.runner, "fallbacks", []))
         summary.update(record.summary_extra())
+        if self.task.effective:
+            summary["local_optimization"] = self.task.effective
         state = None
         if self.fabric.global_rank == 0:
             P.copy_(self.live, self.x)

@@ -33,6 +33,9 @@ class Task:
     higher_is_better: bool = False
     reports: tuple[str, ...] = ("loss",)
     """The names :meth:`metrics` reports (without ``test_``), known before any data is seen."""
+    effective: str | None = None
+    """The local optimization actually used, when the task brings its own (a LightningModule's): recorded in
+    ``summary.json`` (``local_optimization``) and as a comment in ``config.yaml``."""
     stacked_note: str | None = None
     """Why ``loop.client_parallelism: auto`` should train this task's clients one after another even on CUDA
     (forcing ``vmap`` still works); ``None``: no reason."""

@@ -184,10 +184,12 @@ class LightningTask(Task):
     def _computed(self, model, sums: dict, objects: dict) -> dict[str, float]:
         for name in self._values:  # a rank without test batches still takes part in the reduction
             sums.setdefault(name, _mean_metric(next(model.parameters()).device))
-        out = {f"test_{_strip(k)}": float(m.compute()) for k, m in sums.items()}
-        for k, metric in objects.items():
-            out[f"test_{_strip(k)}"] = float(metric.compute())
-            metric.reset()
+        # every rank computes (and so syncs) the metrics in the same order, whatever order it logged them in
+        values = {k: float(sums[k].compute()) for k in sorted(sums)}
+        for k in sorted(objects):
+            values[k] = float(objects[k].compute())
+            objects[k].reset()
+        out = {f"test_{_strip(k)}": values[k] for k in [*sums, *objects]}
         self._objects.update(objects)
         self._values.update(k for k in sums if k not in objects)
         if self.trainer is not None:

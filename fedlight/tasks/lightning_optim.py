@@ -28,49 +28,32 @@ DEFAULT_CLIP = LoopConfig.__dataclass_fields__["max_grad_norm"].default
 def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, data=None):
     """Attach the stand-in trainer, call ``configure_model`` / ``setup("fit")``, and return ``(loop, optimizer
     factory or None, algorithm)`` for the module's own optimization (see the module docstring)."""
-    from fedlight.tasks.lightning import _name, note
+    from fedlight.tasks.lightning import _name
     from fedlight.tasks.lightning_manual import manual_algorithm
 
     name = _name(model)
-    steps = loop.local_steps or (loop.local_epochs or 1) * max(
-        data.steps_per_epoch(c) for c in range(data.num_clients)) if data is not None else loop.local_steps or 1
-    task.module = model
-    task.trainer = FedTrainer(model, loop.rounds, steps, fabric, getattr(data, "datamodule", None))
-    attach(model, task.trainer)
-    call_hook(model, "configure_model")
-    call_hook(model, "setup", "fit")
-    if not any(p.requires_grad for p in model.parameters()):
-        raise ConfigError(f"{name} has no trainable parameter (none with requires_grad=True, after configure_model): "
-                          "there is nothing to train federatedly. Unfreeze at least one parameter")
+    _prepare(task, fabric, model, loop, data, name)
     task.manual = not model.automatic_optimization
     clip = loop.max_grad_norm if loop.max_grad_norm != DEFAULT_CLIP else None
     loop = dataclasses.replace(loop, max_grad_norm=clip)
     if task.manual:
         algorithm = manual_algorithm(algorithm, name)
+    schedule = f"schedule `loop.lr_schedule` ({loop.lr_schedule.kind}), {_clip(clip)}"
     if not overrides(model, "configure_optimizers"):
-        _say(fabric, f"local optimization: {name} has no configure_optimizers; `loop.optimizer` "
-             f"{loop.optimizer.rsplit('.', 1)[-1]}(lr={loop.lr:g}, weight_decay={loop.weight_decay:g}), schedule "
-             f"`loop.lr_schedule` ({loop.lr_schedule.kind}), {_clip(clip)}")
+        _say(fabric, task, f"local optimization: {name} has no configure_optimizers; `loop.optimizer` "
+             f"{loop.optimizer.rsplit('.', 1)[-1]}(lr={loop.lr:g}, weight_decay={loop.weight_decay:g}), {schedule}")
         return loop, None, algorithm
     if _own_optimizer(algorithm):
-        _say(fabric, f"{type(algorithm).__name__} prescribes its own local optimizer; {name}.configure_optimizers() "
-             f"is not used (nor its lr schedulers); schedule `loop.lr_schedule` ({loop.lr_schedule.kind}), "
-             f"{_clip(clip)}")
+        _say(fabric, task, f"{type(algorithm).__name__} prescribes its own local optimizer; "
+             f"{name}.configure_optimizers() is not used (nor its lr schedulers); {schedule}")
         return loop, None, algorithm
-    optimizers, configs = read_configure_optimizers(model.configure_optimizers(), name)
-    first = optimizers[0]
-    for line in _notes(name, optimizers, configs, first):
-        note(fabric, line)
-    task.trainer.optimizers = optimizers
-    task.trainer.lr_scheduler_configs = [SimpleNamespace(**c) for c in configs]
-    task.schedule = Schedule(first, configs)
-    group = {k: v for k, v in first.param_groups[0].items() if k != "params"}
+    first, group = _module_optimizer(task, fabric, model, name)
     args = ", ".join(f"{k}={v}" for k, v in group.items()
                      if k in ("lr", "weight_decay") or (isinstance(v, (int, float, tuple)) and v and v is not True))
     sched = (f"its lr schedule {task.schedule.describe()} (replayed per client step r·K+k; `loop.lr_schedule` does "
              "not apply)") if task.schedule else "constant lr (no lr scheduler; `loop.lr_schedule` does not apply)"
-    _say(fabric, f"local optimizer from {name}.configure_optimizers(): {type(first).__name__}({args}); {sched}; "
-         f"{_clip(clip)}; `loop.lr`, `loop.optimizer`, `loop.momentum` and `loop.weight_decay` are not used")
+    _say(fabric, task, f"local optimizer from {name}.configure_optimizers(): {type(first).__name__}({args}); "
+         f"{sched}; {_clip(clip)}; `loop.lr`, `loop.optimizer`, `loop.momentum` and `loop.weight_decay` are not used")
     _sgd_note(fabric, algorithm, first, group)
     loop = dataclasses.replace(loop, lr=float(group["lr"]), weight_decay=float(group.get("weight_decay", 0.0)),
                                momentum=0.0, lr_schedule=LRSchedule())
@@ -80,8 +63,38 @@ def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, da
     return loop, functools.partial(type(first), **hyper), algorithm
 
 
-def _say(fabric, line: str) -> None:
+def _prepare(task: Any, fabric, model, loop: LoopConfig, data, name: str) -> None:
+    """The stand-in trainer attached, ``configure_model`` and ``setup("fit")`` called, something to train."""
+    steps = loop.local_steps or (loop.local_epochs or 1) * (
+        max(data.steps_per_epoch(c) for c in range(data.num_clients)) if data is not None else 1)
+    task.module = model
+    task.trainer = FedTrainer(model, loop.rounds, steps, fabric, getattr(data, "datamodule", None))
+    attach(model, task.trainer)
+    call_hook(model, "configure_model")
+    call_hook(model, "setup", "fit")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"{name} has no trainable parameter (none with requires_grad=True, after configure_model): "
+                          "there is nothing to train federatedly. Unfreeze at least one parameter")
+
+
+def _module_optimizer(task: Any, fabric, model, name: str):
+    """``configure_optimizers()`` read: its first optimizer and first param group's hyperparameters; the trainer's
+    ``optimizers`` / ``lr_scheduler_configs`` and the task's schedule set; a note for each part not used."""
+    from fedlight.tasks.lightning import note
+
+    optimizers, configs = read_configure_optimizers(model.configure_optimizers(), name)
+    first = optimizers[0]
+    for line in _notes(name, optimizers, configs, first):
+        note(fabric, line)
+    task.trainer.optimizers = optimizers
+    task.trainer.lr_scheduler_configs = [SimpleNamespace(**c) for c in configs]
+    task.schedule = Schedule(first, configs)
+    return first, {k: v for k, v in first.param_groups[0].items() if k != "params"}
+
+
+def _say(fabric, task: Any, line: str) -> None:
     (fabric.print if fabric is not None else print)(f"fedlight: {line}")
+    task.effective = line
 
 
 def _clip(clip: float | None) -> str:

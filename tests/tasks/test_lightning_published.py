@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from lit import BlobsDataModule, LitMLP
+from lit import BlobsDataModule, LitMLP, Scheduled
 from test_lightning import K, R, _by_hand, _data, _fit
 
 import fedlight
@@ -22,34 +22,6 @@ def _final(tmp_path, name="run"):
 def _close(got, want):
     for k, v in want.items():
         torch.testing.assert_close(got[k], v, rtol=0, atol=1e-10)
-
-
-class Scheduled(LitMLP):
-    """A warm-down by step (over estimated_stepping_batches) or a StepLR by epoch; records the trainer state and
-    the lr of every training_step; logs at each epoch end."""
-
-    def __init__(self, interval: str = "step"):
-        super().__init__()
-        self.interval, self.seen = interval, []
-
-    def training_step(self, batch, batch_idx):
-        self.seen.append((self.current_epoch, self.global_step, self.optimizers().param_groups[0]["lr"]))
-        return super().training_step(batch, batch_idx)
-
-    def configure_optimizers(self):
-        opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
-        total = self.trainer.estimated_stepping_batches
-        if self.interval == "step":
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / total)
-            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-        return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)]
-
-    def on_train_epoch_end(self):
-        self.log("epoch_end_step", float(self.trainer.global_step))
-        self.log("w_norm", self.net[0].weight.norm())
-
-    def on_test_epoch_end(self):
-        self.log("test_epoch", float(self.current_epoch))
 
 
 @pytest.mark.parametrize("interval", ["step", "epoch"])
