@@ -295,3 +295,23 @@ def test_the_command_line_nested_datamodule_flags_and_exit_statuses(tmp_path, ca
     assert main([*args, str(tmp_path / "c"), "--model", "test_lightning_published.FailsInRound2"]) == 1
     err = capsys.readouterr().err
     assert "ValueError: my hook broke" in err and "rounds 1-1 are kept" in err
+
+
+class LitAdam(LitMLP):
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=30.0)
+
+
+def test_a_rule_written_for_sgd_says_what_the_modules_adam_means_and_the_divergence_names_it(tmp_path, capsys):
+    torch.manual_seed(0)
+    _fit(tmp_path, LitAdam(), algorithm=fedlight.create("fedwmsam"), loop={"rounds": 4})
+    err = "".join(capsys.readouterr())
+    assert "FedWMSAM's local algebra is written for plain SGD steps; here its direction is stepped by Adam at lr 30" \
+        in err
+    assert "training is diverging. Likely cause: the module's local optimizer Adam at lr 30 (from " \
+           "LitAdam.configure_optimizers()) may be too large for FedWMSAM" in err
+    assert "`loop.lr` = 0.1" not in err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["local_optimization"].startswith("local optimizer from LitAdam.configure_optimizers(): Adam(lr=30")
+    assert "# fedlight: local optimization used: local optimizer from LitAdam" in \
+        (tmp_path / "run" / "config.yaml").read_text()
