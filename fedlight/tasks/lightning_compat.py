@@ -13,6 +13,7 @@ PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 
 
 def _classes(name: str) -> list[type]:
+    """``name`` (e.g. ``LightningModule``) from each installed Lightning package."""
     out = []
     for package in PACKAGES:
         try:
