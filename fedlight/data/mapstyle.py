@@ -11,13 +11,13 @@ or from ``client_fn(sample)`` — a per-sample client id, the natural split of L
 
 from __future__ import annotations
 
+import abc
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, default_collate
 
@@ -163,6 +163,18 @@ class DatasetClients(FederatedDataModule):
         return "client_fn (natural split)" if self.client_fn is not None else repr(self.partition)
 
 
+class DataModuleLike(abc.ABC):
+    """Any ``LightningDataModule``, from ``lightning.pytorch`` or ``pytorch_lightning`` (a class with
+    ``prepare_data``, ``setup`` and ``train_dataloader``): the type of ``DataModuleClients.datamodule``, so nested
+    command-line flags (``--data.init_args.datamodule.init_args.batch_size 16``) reach its arguments, without
+    importing Lightning at ``import fedlight.data``."""
+
+    @classmethod
+    def __subclasshook__(cls, other: type) -> bool:
+        return all(callable(getattr(other, m, None)) for m in ("prepare_data", "setup", "train_dataloader")) or \
+            NotImplemented
+
+
 class DataModuleClients(DatasetClients):
     """A LightningDataModule split over clients: ``prepare_data()`` and ``setup("fit")`` are called; its
     ``train_dataloader()``'s dataset and collate function build the client batches (batch size: ``batch_size``, else
@@ -174,7 +186,7 @@ class DataModuleClients(DatasetClients):
         num_clients, batch_size, partition, label_fn, client_fn, num_classes: as :class:`DatasetClients`.
     """
 
-    def __init__(self, datamodule: LightningDataModule | dict, num_clients: int = 10, batch_size: int | None = None,
+    def __init__(self, datamodule: DataModuleLike | dict, num_clients: int = 10, batch_size: int | None = None,
                  partition: Partitioner | None = None, label_fn: Callable[[Any], Any] | None = None,
                  client_fn: Callable[[Any], Any] | None = None, num_classes: int | None = None) -> None:
         super().__init__(train=None, num_clients=num_clients, batch_size=batch_size or 1, partition=partition,

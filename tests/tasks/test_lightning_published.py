@@ -174,7 +174,8 @@ def test_lightning_transformer_demo_on_procedural_tokens(tmp_path):
     model = LightningTransformer(vocab_size=20)
     model.load_state_dict(_final(tmp_path, "t"))
     model.eval()  # equal-size test samples: the batch-weighted mean is the mean over the whole test set
-    assert summary["final_test_loss"] == pytest.approx(_loss_on_test(model, [[t.contiguous() for t in test.tensors]]), rel=1e-5)
+    whole = [t.contiguous() for t in test.tensors]
+    assert summary["final_test_loss"] == pytest.approx(_loss_on_test(model, [whole]), rel=1e-5)
 
 
 @pytest.mark.parametrize("problem, match", [
