@@ -321,3 +321,25 @@ def test_a_rule_written_for_sgd_says_what_the_modules_adam_means_and_the_diverge
     assert summary["local_optimization"].startswith("local optimizer from LitAdam.configure_optimizers(): Adam(lr=30")
     assert "# fedlight: local optimization used: local optimizer from LitAdam" in \
         (tmp_path / "run" / "config.yaml").read_text()
+
+
+class BuiltLate(LitMLP):
+    """Builds its layers in configure_model, as large-model code does; reads the trainer there."""
+
+    def __init__(self):
+        super().__init__()
+        del self.net
+
+    def configure_model(self):
+        self.rounds_seen_at_build = self.trainer.max_epochs
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+        self.built = self.net[0].weight.detach().clone()
+
+
+def test_configure_model_builds_the_layers_before_the_optimizer(tmp_path):
+    torch.manual_seed(0)
+    model = BuiltLate()
+    _fit(tmp_path, model)
+    assert model.rounds_seen_at_build == R
+    assert set(_final(tmp_path)) >= {"net.0.weight", "net.2.bias"}
+    assert not torch.allclose(_final(tmp_path)["net.0.weight"], model.built.double())  # the built layers trained
