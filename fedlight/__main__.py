@@ -2,6 +2,6 @@
 
 import sys
 
-from fedlight.cli import main
+from fedlight.config.cli import main
 
 sys.exit(main())

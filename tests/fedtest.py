@@ -11,7 +11,10 @@ from torch import nn
 
 from fedlight.args import LoopConfig
 from fedlight.data import TensorClients
+from fedlight.fitting import FitDriver
 from fedlight.loop import FederatedLoop
+from fedlight.run.files import load_checkpoint
+from fedlight.run.record import RunRecord
 
 D, C = 3, 3  # features, classes
 
@@ -49,7 +52,23 @@ def make_loop(algorithm, clients, model: nn.Module, *, rounds: int = 2, local_st
     data.setup(fabric.device, seed)
     cfg = LoopConfig(rounds=rounds, clients_per_round=clients_per_round or len(pairs), local_steps=local_steps,
                      lr=lr, weight_decay=weight_decay, max_grad_norm=max_grad_norm, progress=False, **loop_kwargs)
-    return FederatedLoop(fabric, model, data, algorithm, cfg, seed, Path(out_dir))
+    return FederatedLoop(fabric, model, data, algorithm, cfg, seed, Path(out_dir), data.default_task())
+
+
+def save_checkpoint(loop: FederatedLoop, out_dir: str | Path) -> Path:
+    """Checkpoint ``loop``'s state the way a run does (the run record's background writer); returns the path."""
+    record = RunRecord(out_dir, progress=False)
+    record.open(None, tensorboard=False, fresh=False)
+    try:
+        record.round_done({"round": loop.state.rounds_done}, loop.state.snapshot())
+    finally:
+        record.close()
+    return Path(out_dir) / "checkpoints" / "last.ckpt"
+
+
+def resume(loop: FederatedLoop, path: str | Path) -> None:
+    """Continue ``loop`` from the checkpoint at ``path`` the way a run does (checked, then restored)."""
+    FitDriver(loop).resume(load_checkpoint(Path(path)), path)
 
 
 def run_rounds(loop: FederatedLoop, rounds: int) -> dict[str, np.ndarray]:
@@ -155,3 +174,20 @@ class Clip:
         coef = min(1.0, self.c / (norm(g) + 1e-6))
         self.active += coef < 1.0
         return lin((coef, g))
+
+
+def spy_auto_chunk(monkeypatch, chunk: int) -> list[tuple]:
+    """Make ``vmap_chunk: auto`` find room for exactly ``chunk`` clients of the footprint it measures; returns the
+    list that receives each measurement ``(batch, objective, bytes)``."""
+    import fedlight.runners.stacked as stacked
+    from fedlight.runners import guard
+
+    seen: list[tuple] = []
+
+    def footprint(model, batch, objective, state_bytes=0):
+        seen.append((batch, objective, guard.client_footprint(model, batch, objective, state_bytes)))
+        return seen[-1][2]
+
+    monkeypatch.setattr(stacked, "client_footprint", footprint)
+    monkeypatch.setattr(stacked, "free_bytes", lambda device: int((chunk + 0.5) * seen[-1][2] / guard.HEADROOM))
+    return seen

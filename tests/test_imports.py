@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("fedlight.data", "fedlight.models", "fedlight.cli", "fedlight.lab", "fedlight.api", "fedlight.loop",
-         "lightning", "jsonargparse", "torchvision", "submitit")
+HEAVY = ("fedlight.data", "fedlight.models", "fedlight.config.cli", "fedlight.lab", "fedlight.config.api",
+         "fedlight.engine.loop", "fedlight.cli", "fedlight.api", "fedlight.loop", "lightning", "jsonargparse",
+         "torchvision", "submitit")
 
 
 def _imported(statement: str) -> list[str]:
@@ -20,7 +21,7 @@ def _imported(statement: str) -> list[str]:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout
     mods = json.loads(out.strip().splitlines()[-1])
-    assert any(m == "fedlight.rules" for m in mods)
+    assert any(m == "fedlight.core.rules" for m in mods)
     return [m for m in mods if any(m == h or m.startswith(h + ".") for h in HEAVY)]
 
 
@@ -44,10 +45,26 @@ def test_the_nlp_extra_is_imported_only_when_used():
     assert [m for m in mods if m.split(".")[0] in NLP] == []
 
 
+def test_old_import_paths_are_the_moved_modules():
+    """``fedlight.rules``, ``fedlight.loop``, ``fedlight.cli`` ... (the paths before core/ engine/ config/) import
+    the very modules of their new homes, and no file is left at an old path."""
+    import importlib
+
+    from fedlight._moved import MOVED
+
+    for old, new in MOVED.items():
+        assert importlib.import_module(f"fedlight.{old}") is importlib.import_module(f"fedlight.{new}"), old
+        assert not (ROOT / "fedlight" / f"{old}.py").exists(), old
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "-m", "fedlight.cli", "ls", "tasks"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert res.returncode == 0 and "Regression" in res.stdout, res.stderr[-2000:]
+
+
 def test_fit_is_still_importable_from_the_package():
     import fedlight
     from fedlight import fit
-    from fedlight.api import fit as api_fit
+    from fedlight.config.api import fit as api_fit
 
     assert fit is api_fit and fedlight.fit is api_fit and "fit" in dir(fedlight)
     with pytest.raises(AttributeError):

@@ -183,10 +183,10 @@ def test_load_run_rebuilds_the_final_model(run_dir):
     run = LS.load_run(run_dir, device="cpu")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert run.round == 2
-    test_loss = LS.loss(run.model, LS.data_batches(run.data, "test"))
+    test_loss = LS.loss(run.model, LS.data_batches(run.data, "test"), run.task.objective)
     assert test_loss == pytest.approx(summary["final_test_loss"], rel=1e-5)
-    train = LS.loss(run.model, LS.data_batches(run.data, "train", batch_size=7))
-    assert train == pytest.approx(LS.loss(run.model, LS.data_batches(run.data, "train")), rel=1e-6)
+    train = LS.loss(run.model, LS.data_batches(run.data, "train", batch_size=7), run.task.objective)
+    assert train == pytest.approx(LS.loss(run.model, LS.data_batches(run.data, "train"), run.task.objective), rel=1e-6)
     last = LS.load_run(run_dir, checkpoint="last", device="cpu")
     assert last.round == 2
     assert all(torch.equal(a, b) for a, b in zip(run.model.state_dict().values(), last.model.state_dict().values()))
@@ -209,7 +209,8 @@ def test_landscape_and_sharpness_commands(run_dir, capsys):
     assert grid["losses"].shape == (5, 5)
     np.testing.assert_allclose(curve[:, 1], grid["losses"][:, 2])  # the β = 0 row is the 1-D curve
     run = LS.load_run(run_dir, device="cpu")
-    assert grid["losses"][2, 2] == pytest.approx(LS.loss(run.model, LS.data_batches(run.data, "train")), rel=1e-6)
+    train = LS.loss(run.model, LS.data_batches(run.data, "train"), run.task.objective)
+    assert grid["losses"][2, 2] == pytest.approx(train, rel=1e-6)
 
     assert main(["sharpness", str(run_dir), "--data", "test", "--iters", "5", "--steps", "2", "--device", "cpu"]) == 0
     res = json.loads((run_dir / "landscape" / "r2_test_sharpness.json").read_text())
@@ -231,3 +232,40 @@ def test_command_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["landscape", str(tmp_path), "--dims", "3"])
     assert e.value.code == 2
+
+
+REGRESSION = """
+seed: 0
+model:
+  class_path: fedlight.models.MLP
+  init_args: {in_features: 5, hidden: [8], num_classes: 1}
+data:
+  class_path: fedlight.data.SyntheticRegression
+  init_args: {num_clients: 4, dim: 5, samples_per_client: 20, batch_size: 10}
+algorithm:
+  class_path: fedlight.algorithms.FedAvg
+loop: {rounds: 2, clients_per_round: 2, local_steps: 2, lr: 0.05, weight_decay: 0.0, progress: false}
+"""
+
+
+def test_landscape_and_sharpness_use_the_runs_task(tmp_path, capsys):
+    """A regression run (the data's default task: MSE on float targets): the landscape's centre on the test split is
+    the run's own final test MSE, and sharpness measures the same loss (cross-entropy could not even be evaluated)."""
+    from fedlight.cli import main
+    from fedlight.tasks import Regression
+
+    (tmp_path / "reg.yaml").write_text(REGRESSION)
+    assert main(["fit", "--config", str(tmp_path / "reg.yaml"), "--out_dir", str(tmp_path / "run"),
+                 "--accelerator", "cpu"]) == 0
+    run_dir = tmp_path / "run"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["headline"]["metric"] == "test_mse"
+    run = LS.load_run(run_dir, device="cpu")
+    assert isinstance(run.task, Regression)
+    assert main(["landscape", str(run_dir), "--data", "test", "--points", "3", "--device", "cpu"]) == 0
+    curve = np.loadtxt(run_dir / "landscape" / "r2_test_1d.csv", delimiter=",", skiprows=1)
+    assert curve[1, 0] == 0.0 and curve[1, 1] == pytest.approx(summary["final_test_mse"], rel=1e-5)
+    assert main(["sharpness", str(run_dir), "--data", "test", "--iters", "5", "--steps", "2", "--device", "cpu"]) == 0
+    res = json.loads((run_dir / "landscape" / "r2_test_sharpness.json").read_text())
+    assert res["loss"] == pytest.approx(summary["final_test_mse"], rel=1e-5) and res["top_eigenvalue"] > 0
+    capsys.readouterr()

@@ -45,7 +45,7 @@ def main() -> None:
         if (out / "summary.json").exists() and json.loads((out / "summary.json").read_text())[
                 "rounds_completed"] >= args.rounds:
             continue
-        cmd = [sys.executable, "-m", "fedlight.cli", "fit", "--config", args.recipe, "--algorithm", name,
+        cmd = [sys.executable, "-m", "fedlight.config.cli", "fit", "--config", args.recipe, "--algorithm", name,
                "--loop.rounds", str(args.rounds), "--loop.eval_every", "5", "--loop.save_every", "5",
                "--out_dir", str(out), "--resume", "auto", "--loop.progress", "false", *OVERRIDES.get(name, [])]
         print(" ".join(cmd), flush=True)

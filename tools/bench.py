@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark fedlight against a minimal hand-written PyTorch FedAvg loop (see ``fedlight/bench.py``).
+"""Benchmark fedlight against a minimal hand-written PyTorch FedAvg loop (see ``fedlight/lab/bench.py``).
 
     python tools/bench.py                      # whole `fedlight fit` (FMNIST recipe) vs a minimal loop, wall, 1 thread
     python tools/bench.py --overhead           # round by round: MLP and LeNet-5, fedlight vs minimal vs vmap

@@ -17,6 +17,16 @@ Sections, each printed as soon as it is measured (a timeout keeps what came befo
 4. ``graphs``: the round compiled with ``mode="reduce-overhead"`` (CUDA graphs), s/round.
 5. ``procs``: several processes share the GPU, each training its share of the 10 clients as one compiled stacked
    chunk, all at once after a barrier: the round-equivalent seconds (slowest process) for 1, 2 and 4 processes.
+6. ``anchor`` (issue 31): the round's 25,000 images through one ResNet-18 (GroupNorm, bf16, compiled,
+   channels-last): (a) 50 steps at batch 500, (b) 500 steps at batch 50 with CUDA graphs
+   (:mod:`fedlight.lab.bench_routes`). Later sections print the round as a ratio to (a).
+7. ``routes`` (issue 31): FedAvg rounds under each client route (``--routes``; default every one of
+   ``fedlight.lab.bench_routes.ROUTES``): s/round, ratio to (a), first round, MFU, peak memory, fallbacks, and the
+   model after round 0 against the first route's.
+
+The route comparison of a GPU session: ``python tools/gpu_profile.py --sections anchor,routes`` (about 5 minutes on
+an H100, mostly compilation). ``--smoke`` runs the anchor and routes sections on LeNet-5 with the ``aot_eager``
+backend (the ResNet-18 sections keep ResNet-18 at tiny sizes).
 """
 
 from __future__ import annotations
@@ -32,6 +42,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from fedlight.lab.bench_routes import MEASURED, ROUTES, anchor, routes, seconds  # noqa: E402
+
 
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
@@ -42,6 +54,8 @@ def _loop(w, dev: str, compile):
     from fedlight.lab.bench import fedlight_loop
 
     model = w.model().to(dev)
+    if dev == "cpu" and compile:  # --smoke: the same dynamo/AOTAutograd path, without inductor's C++ build
+        compile = "aot_eager"
     return fedlight_loop(model, w.data(), w, dev, "bf16-mixed", "fedavg", parallelism="vmap", compile=compile)
 
 
@@ -87,7 +101,10 @@ def round_section(w, dev: str) -> None:
     t = time.perf_counter()
     loop.run_round(0)
     print(f"round: compiled stacked, first round {time.perf_counter() - t:.1f} s", flush=True)
-    print(f"round: compiled stacked, s/round {_rounds(loop, 1, 3):.3f} (median of 3)", flush=True)
+    s = _rounds(loop, 1, 3)
+    a = MEASURED.get("anchor_a")
+    print(f"round: compiled stacked, s/round {s:.3f} (median of 3)" + (f" = {s / a:.2f} x anchor (a)" if a else ""),
+          flush=True)
     _profiled(loop, 4, w.steps)
     torch.backends.cudnn.benchmark = True
     loop.run_round(5)
@@ -97,13 +114,7 @@ def round_section(w, dev: str) -> None:
 
 
 def _ms(fn, dev: torch.device, reps: int) -> float:
-    fn()
-    _sync(dev)
-    t = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    _sync(dev)
-    return (time.perf_counter() - t) / reps * 1e3
+    return seconds(fn, dev, reps) / reps * 1e3
 
 
 def conv_section(C: int, B: int, dev: str, reps: int, sizes) -> None:
@@ -218,17 +229,20 @@ def procs_section(w, dev: str, counts: tuple[int, ...], compile) -> None:
               f"(per process {', '.join(f'{t:.3f}' for t in times)})", flush=True)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     from fedlight.lab.bench import Workload
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks the script, numbers meaningless")
     p.add_argument("--sections", default="round,conv,graphs")
     p.add_argument("--procs", default="1,2,4", help="procs section: process counts to try")
-    a = p.parse_args()
+    p.add_argument("--routes", default=",".join(ROUTES), help="routes section: routes to compare, in this order")
+    p.add_argument("--rounds", type=int, default=3, help="routes section: timed rounds per route")
+    a = p.parse_args(argv)
     dev = "cpu" if a.smoke else "cuda"
     w = Workload("resnet18", clients=2 if a.smoke else 10, steps=2 if a.smoke else 50, batch=4 if a.smoke else 50)
     sizes = ((8, 8),) if a.smoke else ((64, 32), (128, 16), (256, 8), (512, 4))
+    small = Workload("lenet5", clients=2, steps=2, batch=4)
     for s in a.sections.split(","):
         t = time.perf_counter()
         if s == "round":
@@ -241,6 +255,12 @@ def main() -> int:
             graphs_section(w, dev)
         elif s == "procs":
             procs_section(w, dev, tuple(int(n) for n in a.procs.split(",")), False if a.smoke else True)
+        elif s == "anchor":
+            anchor(small if a.smoke else w, dev)
+        elif s == "routes":
+            routes(small if a.smoke else w, dev, a.routes.split(","), 1 if a.smoke else a.rounds)
+        else:
+            p.error(f"unknown section {s!r}")
         print(f"[{s}: {time.perf_counter() - t:.0f} s]", flush=True)
     return 0
 

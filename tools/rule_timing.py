@@ -17,9 +17,9 @@ import lightning as L
 import torch
 
 import fedlight
-from fedlight.args import LoopConfig
+from fedlight.config.args import LoopConfig
 from fedlight.data import TensorClients
-from fedlight.loop import FederatedLoop
+from fedlight.engine.loop import FederatedLoop
 from fedlight.models import MLP
 
 
@@ -42,7 +42,8 @@ def main() -> None:
         lr = 1e-3 if name in ("local_adam", "local_adamw", "fedadamw", "fedlada") else 0.1
         cfg = LoopConfig(rounds=args.reps + 1, clients_per_round=10, local_steps=args.steps, lr=lr, progress=False)
         torch.manual_seed(0)
-        loops[name] = FederatedLoop(fabric, MLP(), data, fedlight.create(name), cfg, 0, Path("unused"))
+        loops[name] = FederatedLoop(fabric, MLP(), data, fedlight.create(name), cfg, 0, Path("unused"),
+                                      data.default_task())
         loops[name].run_round(0)  # warm-up
     times = {n: [] for n in names}
     for r in range(1, args.reps + 1):

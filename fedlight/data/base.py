@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedlight.config.spec import remember_init_args
 from fedlight.data.augment import CropFlip, resize
 from fedlight.data.partition import IID, Partitioner, partition_cached
 from fedlight.errors import ConfigError, DataNotFoundError
-from fedlight.spec import remember_init_args
 
 SUBSET_TRAIN_TAG = 0x5B71  # SeedSequence([seed, tag]) for the train subset
 SUBSET_TEST_TAG = 0x5B72  # ... and the test subset

@@ -229,7 +229,7 @@ def _built(spec: Any) -> Any:
     if hasattr(spec, "as_dict"):
         spec = spec.as_dict()
     if isinstance(spec, (dict, str)):
-        from fedlight.spec import build
+        from fedlight.config.spec import build
 
         return build(spec)
     return spec

@@ -6,14 +6,15 @@ Entry point: ``python tools/bench.py [sections] [options]`` (``--help``). Sectio
   (shortened rounds) against a minimal hand-written loop of the same work, wall time, one thread each, fresh
   processes, interleaved repeats; median and spread of the ratio (:mod:`fedlight.lab.bench_fit`).
 * ``--overhead``: the same FedAvg workload, in one process and interleaved round by round, through
-  fedlight's real :class:`~fedlight.loop.FederatedLoop` and through :class:`MinimalFedAvg` (below); seconds per
+  fedlight's real :class:`~fedlight.engine.loop.FederatedLoop` and through :class:`MinimalFedAvg` (below); seconds per
   round of each (median after warm-up), their ratio, and the same loop with ``loop.client_parallelism: vmap``
   (all clients of the round stacked, :mod:`fedlight.runners.stacked`) for the vectorised-client speedup.
 * ``--multiprocess``: ``fedlight fit`` in subprocesses with ``--devices 1`` and ``--devices 2`` on an MLP /
   Fashion-MNIST recipe (Synthetic when ``FEDLIGHT_DATA`` is unset): speedup, eval share of the run time, peak
   RSS, and the max |difference| of the final models.
 * ``--many-clients``: SCAFFOLD with 10,000 clients of the Fashion-MNIST MLP (about 8 GB of ``c_i``) through a
-  :class:`~fedlight.state.ClientStateStore` with a memory budget; process RSS and the per-round cost of the spill.
+  :class:`~fedlight.engine.client_store.ClientStateStore` with a memory budget; process RSS and the per-round cost
+  of the spill.
 * ``--lora``: RoBERTa + LoRA on GLUE-shaped token batches (:mod:`fedlight.lab.bench_nlp`, the ``nlp`` extra):
   tokens per second and bytes per round, and the state of 20 stateful clients (adapter-sized, not model-sized).
 * ``--gpu``: ResNet-18-CIFAR at CIFAR-100 shapes, ``bf16-mixed``, every seed rule and FedAvg under each client
@@ -31,14 +32,12 @@ import importlib.util
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,45 +47,7 @@ from torch import nn
 
 from fedlight.lab import bench_fit
 from fedlight.lab.bench_gpu import GPU_VARIANTS, gpu, report_lines
-
-
-@dataclass
-class Workload:
-    """One benchmark setting: ``clients`` clients, each ``steps`` local steps of batch ``batch`` per round."""
-
-    name: str = "mlp"
-    clients: int = 10
-    steps: int = 50
-    batch: int = 50
-    lr: float = 0.05
-    weight_decay: float = 1e-3
-    max_grad_norm: float | None = 10.0
-    seed: int = 0
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return {"mlp": (1, 28, 28), "lenet5": (3, 32, 32), "resnet18": (3, 32, 32)}[self.name]
-
-    @property
-    def num_classes(self) -> int:
-        return 100 if self.name == "resnet18" else 10
-
-    def model(self) -> nn.Module:
-        from fedlight.models import MLP, LeNet5, ResNet18
-
-        torch.manual_seed(self.seed)
-        if self.name == "mlp":
-            return MLP(784, (200, 200), 10)
-        if self.name == "lenet5":
-            return LeNet5(3, 10, 32)
-        return ResNet18(num_classes=100)
-
-    def data(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Random inputs of the dataset's shape; each client holds exactly one epoch (steps × batch samples)."""
-        g = torch.Generator().manual_seed(self.seed + 1)
-        n = self.steps * self.batch
-        return [(torch.randn(n, *self.shape, generator=g), torch.randint(0, self.num_classes, (n,), generator=g))
-                for _ in range(self.clients)]
+from fedlight.lab.workload import Workload, fedlight_loop, peak_rss_mb, rss_now_mb, timed
 
 
 # ------------------------------------------------------------------------------------------------- environment
@@ -117,22 +78,10 @@ def environment() -> dict[str, Any]:
             "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
 
 
-def peak_rss_mb(who: int = resource.RUSAGE_SELF) -> float:
-    """Peak resident set size so far (Linux reports KiB)."""
-    return resource.getrusage(who).ru_maxrss / 1024
 
 
-def rss_now_mb() -> float:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return float("nan")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ------------------------------------------------------------------------------------------------- the two loops
@@ -156,7 +105,7 @@ class MinimalFedAvg:
         self.clients = [(x.to(device), y.to(device)) for x, y in clients]
 
     def round(self, r: int) -> torch.Tensor:
-        from fedlight.sampling import client_generator
+        from fedlight.engine.sampling import client_generator
 
         w, dev = self.w, self.device
         acc = [torch.zeros_like(p) for p in self.params]
@@ -187,35 +136,8 @@ class MinimalFedAvg:
         return loss_sum / (w.steps * len(self.clients))
 
 
-def fedlight_loop(model: nn.Module, clients, w: Workload, accelerator: str = "cpu", precision: str = "32-true",
-                  algorithm: str = "fedavg", out_dir: str | None = None, data=None, parallelism: str = "sequential",
-                  task=None, **loop_kwargs):
-    """A real :class:`FederatedLoop` (FedAvg by default) on ``TensorClients`` holding the same tensors (or on
-    ``data``, trained for ``task``; default classification)."""
-    import lightning as L
-
-    import fedlight
-    from fedlight.args import LoopConfig
-    from fedlight.data import TensorClients
-    from fedlight.loop import FederatedLoop
-
-    fabric = L.Fabric(accelerator=accelerator, devices=1, precision=precision)
-    if data is None:
-        data = TensorClients(clients, batch_size=w.batch, num_classes=w.num_classes)
-    data.setup(fabric.device, w.seed)
-    cfg = LoopConfig(rounds=10**6, clients_per_round=w.clients, local_steps=w.steps, lr=w.lr,
-                     weight_decay=w.weight_decay, max_grad_norm=w.max_grad_norm, progress=False,
-                     client_parallelism=parallelism, **loop_kwargs)
-    out = Path(out_dir or tempfile.mkdtemp(prefix="fedlight-bench-"))
-    return FederatedLoop(fabric, model, data, fedlight.create(algorithm), cfg, w.seed, out, task=task)
 
 
-def _timed(fn, device: torch.device) -> tuple[float, float]:
-    _sync(device)
-    t, c = time.perf_counter(), time.process_time()
-    fn()
-    _sync(device)
-    return time.perf_counter() - t, time.process_time() - c
 
 
 def _max_diff(a: list[torch.Tensor] | dict, b: list[torch.Tensor] | dict) -> float:
@@ -235,10 +157,10 @@ def overhead(w: Workload, reps: int = 5, warmup: int = 2, vectorised: bool = Tru
     vm = fedlight_loop(w.model(), clients, w, accelerator, precision, parallelism="vmap") if vectorised else None
     times: dict[str, list[tuple[float, float]]] = {"fedlight": [], "minimal": [], "vmap": []}
     for r in range(warmup + reps):
-        t = {"fedlight": _timed(lambda: loop.run_round(r), device),
-             "minimal": _timed(lambda: minimal.round(r), device)}
+        t = {"fedlight": timed(lambda: loop.run_round(r), device),
+             "minimal": timed(lambda: minimal.round(r), device)}
         if vm is not None:
-            t["vmap"] = _timed(lambda: vm.run_round(r), device)
+            t["vmap"] = timed(lambda: vm.run_round(r), device)
         if r >= warmup:
             for k, v in t.items():
                 times[k].append(v)
@@ -288,7 +210,7 @@ def _fit_config(path: Path, rounds: int, steps: int, eval_every: int, tiny: bool
 
 
 def _run_fit(cfg: Path, out: Path, devices: int, threads: int | None = None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "fedlight.cli", "fit", "--config", str(cfg), "--devices", str(devices),
+    cmd = [sys.executable, "-m", "fedlight.config.cli", "fit", "--config", str(cfg), "--devices", str(devices),
            "--accelerator", "cpu", "--out_dir", str(out), "--overwrite", "true"]
     env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
     t = time.perf_counter()
@@ -355,10 +277,10 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
     """SCAFFOLD, MLP 784-200-200-10: every client holds a ``c_i`` (0.8 MB); the store keeps ``budget_mb`` in
     memory and spills the rest. Compares the same rounds against an in-memory store holding only the states the
     measured rounds touch (same compute, no spill)."""
-    from fedlight import params as P
+    from fedlight.core import params as P
+    from fedlight.engine.client_store import ClientStateStore
+    from fedlight.engine.sampling import sample_clients
     from fedlight.run.files import atomic_torch_save
-    from fedlight.sampling import sample_clients
-    from fedlight.state import ClientStateStore
 
     w = Workload("mlp", clients=num_clients, steps=samples, batch=samples)
     g = torch.Generator().manual_seed(0)
@@ -400,7 +322,7 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
     ts: dict[str, list[float]] = {"spilled": [], "memory": []}
     for r in range(rounds + 1):  # round 0 is a warm-up
         for name, lp in (("spilled", spilled), ("memory", memory)):
-            dt = _timed(lambda: lp.run_round(r), lp.device)[0]
+            dt = timed(lambda: lp.run_round(r), lp.device)[0]
             if r > 0:
                 ts[name].append(dt)
     diff = _max_diff(spilled.x, memory.x)

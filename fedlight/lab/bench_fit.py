@@ -54,7 +54,7 @@ def shortened(recipe: Path, rounds: int, out: Path, tiny: bool = False) -> Path:
 
 # ------------------------------------------------------------------------------------------------- the two sides
 def side_fit(config: Path, out: Path) -> dict[str, Any]:
-    from fedlight import cli
+    from fedlight.config import cli
 
     code = cli.main(["fit", "--config", str(config), "--accelerator", "cpu", "--out_dir", str(out),
                      "--overwrite", "true"])
@@ -72,7 +72,7 @@ def side_minimal(config: Path, out: Path) -> dict[str, Any]:
     import torch
     import yaml
 
-    from fedlight.spec import build
+    from fedlight.config.spec import build
 
     cfg = yaml.safe_load(config.read_text())
     loop, seed = cfg["loop"], cfg.get("seed", 0)
@@ -93,7 +93,7 @@ def _round(model, params, x, data, loop: dict, seed: int, r: int) -> None:
     import torch
     import torch.nn.functional as F
 
-    from fedlight.sampling import client_generator, sample_clients
+    from fedlight.engine.sampling import client_generator, sample_clients
 
     lr = loop["lr"] * loop.get("lr_schedule", {}).get("decay", 1.0) ** r \
         if loop.get("lr_schedule", {}).get("kind") == "exponential" else loop["lr"]
@@ -153,12 +153,12 @@ def _import_libraries() -> None:
     import lightning  # noqa: F401
     import torch.optim  # noqa: F401
 
-    import fedlight.api  # noqa: F401
-    import fedlight.cli  # noqa: F401
+    import fedlight.config.api  # noqa: F401
+    import fedlight.config.cli  # noqa: F401
+    import fedlight.config.spec  # noqa: F401
     import fedlight.data  # noqa: F401
-    import fedlight.loop  # noqa: F401
+    import fedlight.engine.loop  # noqa: F401
     import fedlight.models  # noqa: F401
-    import fedlight.spec  # noqa: F401
 
 
 def run_side(side: str, config: Path, out: Path, t_start: float) -> dict[str, Any]:

@@ -76,7 +76,7 @@ def _nvidia_smi() -> str:
 def gpu(reps: int = 5, warmup: int = 2, variants: tuple[str, ...] = GPU_VARIANTS, clients: int = 10,
         steps: int = 50, batch: int = 50, accelerator: str = "cuda") -> dict[str, Any]:
     """Every variant on the same data; ``accelerator="cpu"`` is a smoke test of this section (MFU meaningless)."""
-    from fedlight.lab.bench import Workload
+    from fedlight.lab.workload import Workload
     from fedlight.models import ResNet18
 
     cuda = accelerator == "cuda"
@@ -112,8 +112,8 @@ def gpu(reps: int = 5, warmup: int = 2, variants: tuple[str, ...] = GPU_VARIANTS
 
 
 def _variant(variant, algo, switches, model, fps, clients_data, w, accelerator, reps, warmup) -> dict[str, Any]:
-    from fedlight.lab.bench import _timed, fedlight_loop
-    from fedlight.registry import get_algorithm
+    from fedlight.core.registry import get_algorithm
+    from fedlight.lab.workload import fedlight_loop, timed
 
     cuda = accelerator == "cuda"
     mode = "sequential" if "sequential" in switches else "vmap" if "vmap" in switches else "auto"
@@ -128,8 +128,8 @@ def _variant(variant, algo, switches, model, fps, clients_data, w, accelerator, 
     loop = fedlight_loop(model, clients_data, w, accelerator, "bf16-mixed", algo, **kw)
     dev = loop.device
     t0 = time.perf_counter()
-    first = _timed(lambda: loop.run_round(0), dev)[0]
-    times = [_timed(lambda r=r: loop.run_round(r), dev) for r in range(1, 1 + warmup + reps)][warmup:]
+    first = timed(lambda: loop.run_round(0), dev)[0]
+    times = [timed(lambda r=r: loop.run_round(r), dev) for r in range(1, 1 + warmup + reps)][warmup:]
     s = statistics.median(t for t, _ in times)
     flops = w.clients * w.steps * w.batch * fps * get_algorithm(algo).backprops
     row = {"variant": variant, "runner": f"{loop.runner.name} ({loop.runner_reason})",

@@ -66,28 +66,32 @@ def _model(size: str, seq: int):
 def lora(size: str = "tiny", clients: int = 4, steps: int = 10, batch: int = 32, seq: int = 128, reps: int = 3,
          warmup: int = 1, stateful: int = 20, accelerator: str = "cpu", precision: str = "32-true") -> dict[str, Any]:
     """Time FedAvg rounds of RoBERTa-LoRA and measure the state of ``stateful`` SCAFFOLD clients."""
-    from fedlight import params as P
-    from fedlight.lab.bench import Workload, _timed, fedlight_loop, peak_rss_mb, rss_now_mb
+    from fedlight.core import params as P
+    from fedlight.lab.workload import Workload, fedlight_loop, peak_rss_mb, rss_now_mb, timed
 
     w = Workload("mlp", clients=clients, steps=steps, batch=batch, lr=0.1)
     model = _model(size, seq)
     trainable = sum(p.numel() for p in P.trainable(model).values())
     total = sum(p.numel() for p in model.parameters())
     data = _data(clients * steps * batch, seq, clients, batch, 50265)
+    if accelerator == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     loop = fedlight_loop(model, None, w, accelerator, precision, data=data, task=_task())
     rows, times = [], []
     for r in range(warmup + reps):
         row: dict[str, Any] = {}
-        t = _timed(lambda: row.update(loop.run_round(r)), loop.device)  # noqa: B023 - called at once
+        t = timed(lambda: row.update(loop.run_round(r)), loop.device)  # noqa: B023 - called at once
         if r >= warmup:
             rows.append(row)
             times.append(t)
     s = statistics.median(t[0] for t in times)
+    peak_gpu = torch.cuda.max_memory_allocated() / 2**20 if accelerator == "cuda" else None
     padded = clients * steps * batch * data._train_x.shape[-1]
     real = float(data._train_x[:, 1].sum()) / len(data._train_x) * clients * steps * batch
     shutil.rmtree(loop.out_dir, ignore_errors=True)
     return {"size": size, "clients": clients, "steps": steps, "batch": batch, "seq": seq, "reps": reps,
-            "trainable_params": trainable, "total_params": total, "s_per_round": s,
+            "trainable_params": trainable, "total_params": total, "s_per_round": s, "peak_gpu_mb": peak_gpu,
+            "runner": f"{getattr(loop.runner, 'description', loop.runner.name)} ({loop.runner_reason})",
             "cpu_s_per_round": statistics.median(t[1] for t in times), "tokens_per_s_padded": padded / s,
             "tokens_per_s_real": real / s, "bytes_up_per_round": rows[-1]["bytes_up"],
             "bytes_down_per_round": rows[-1]["bytes_down"], **_stateful(size, seq, stateful, accelerator, precision),
@@ -96,7 +100,7 @@ def lora(size: str = "tiny", clients: int = 4, steps: int = 10, batch: int = 32,
 
 def _stateful(size: str, seq: int, clients: int, accelerator: str, precision: str) -> dict[str, Any]:
     """One round of SCAFFOLD with ``clients`` clients, all sampled: every client then holds its ``c_i``."""
-    from fedlight.lab.bench import Workload, fedlight_loop, rss_now_mb
+    from fedlight.lab.workload import Workload, fedlight_loop, rss_now_mb
 
     w = Workload("mlp", clients=clients, steps=1, batch=4, lr=0.1)
     before = rss_now_mb()
@@ -116,7 +120,9 @@ def report_lines(r: dict[str, Any]) -> list[str]:
             f"LoRA r16 on query/value + classifier): {r['clients']} clients x {r['steps']} steps x batch {r['batch']}"
             f" x {r['seq']} tokens: {r['s_per_round']:.3f} s/round (CPU {r['cpu_s_per_round']:.3f}), "
             f"{r['tokens_per_s_padded']:,.0f} tokens/s ({r['tokens_per_s_real']:,.0f} non-padding), "
-            f"{r['bytes_up_per_round']:,} bytes up / {r['bytes_down_per_round']:,} down per round",
+            f"{r['bytes_up_per_round']:,} bytes up / {r['bytes_down_per_round']:,} down per round; runner "
+            f"{r.get('runner', '-')}; peak GPU memory "
+            f"{'-' if r.get('peak_gpu_mb') is None else format(r['peak_gpu_mb'], ',.0f') + ' MB'}",
             f"  {r['stateful_clients']} stateful SCAFFOLD clients hold {r['state_bytes']:,} bytes of c_i "
             f"({r['state_bytes_per_client']:,.0f} per client; the adapters + head are {4 * r['trainable_params']:,} "
             f"bytes, the whole model {4 * r['total_params']:,}); RSS growth {r['stateful_rss_growth_mb']:.0f} MB, "

@@ -1,6 +1,6 @@
 """``fedlight landscape`` and ``fedlight sharpness``: flatness tools on a finished (or checkpointed) run.
 
-Resolved lazily by :mod:`fedlight.cli`; the work is done in :mod:`fedlight.lab.landscape`.
+Resolved lazily by :mod:`fedlight.config.cli`; the work is done in :mod:`fedlight.lab.landscape`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ zero-argument callable returning a fresh iterable), with the model in eval mode 
 statistics, dropout is off), so ``L`` is a deterministic function of the parameters. Only trainable parameters move.
 
 :func:`run_landscape` and :func:`run_sharpness` do the same for a run directory (``fedlight landscape`` and
-``fedlight sharpness``): rebuild model and data from ``config.yaml``, load ``final_model.pt`` (or a checkpoint),
+``fedlight sharpness``): rebuild model, data and task from ``config.yaml`` (the loss is the run's task objective:
+cross-entropy, MSE, next-token cross-entropy ...), load ``final_model.pt`` (or a checkpoint),
 write plots, raw grids and JSON under ``RUN_DIR/landscape/``, and images/scalars to ``RUN_DIR/tb``.
 """
 
@@ -31,10 +32,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedlight import params as P
+from fedlight.core import params as P
+from fedlight.core.params import Params
 from fedlight.errors import ConfigError, check
-from fedlight.params import Params
-from fedlight.rules import cross_entropy
+from fedlight.tasks import Task, resolve_task
 
 Objective = Callable[[nn.Module, Any], Tensor]
 Batches = Iterable[Any] | Callable[[], Iterable[Any]]
@@ -46,14 +47,33 @@ def _iter(batches: Batches) -> Iterable[Any]:
 
 
 def _batch_size(batch: Any) -> int:
-    """Samples in a batch: the leading size of its first tensor (1 for tensor-free batches)."""
+    """Samples in a batch (a tensor, a tuple or a dict of them): the leading size of its first tensor (1 for
+    tensor-free batches)."""
     if isinstance(batch, Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, (tuple, list)):
-        for b in batch:
-            if isinstance(b, Tensor) and b.dim():
-                return int(b.shape[0])
+    for b in batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (tuple, list)) else ():
+        if isinstance(b, Tensor) and b.dim():
+            return int(b.shape[0])
     return 1
+
+
+def _take(batch: Any, k: int) -> Any:
+    """The first ``k`` samples of a batch (every tensor sliced along its leading dimension)."""
+    if isinstance(batch, Tensor):
+        return batch[:k]
+    if isinstance(batch, dict):
+        return {key: _take(v, k) for key, v in batch.items()}
+    return type(batch)(_take(v, k) for v in batch) if isinstance(batch, (tuple, list)) else batch
+
+
+def _cat(batches: list[Any]) -> Any:
+    """Batches of one structure joined along the sample dimension."""
+    first = batches[0]
+    if isinstance(first, Tensor):
+        return torch.cat(batches)
+    if isinstance(first, dict):
+        return {key: _cat([b[key] for b in batches]) for key in first}
+    return type(first)(_cat(list(parts)) for parts in zip(*batches)) if isinstance(first, (tuple, list)) else first
 
 
 @contextmanager
@@ -67,7 +87,7 @@ def evaluating(model: nn.Module):
         model.train(was)
 
 
-def loss(model: nn.Module, batches: Batches, objective: Objective = cross_entropy) -> float:
+def loss(model: nn.Module, batches: Batches, objective: Objective) -> float:
     """``L``: the sample-weighted mean of ``objective`` over ``batches`` (model in eval mode, no gradients)."""
     total, n = 0.0, 0
     with torch.no_grad(), evaluating(model):
@@ -79,7 +99,7 @@ def loss(model: nn.Module, batches: Batches, objective: Objective = cross_entrop
     return total / n
 
 
-def loss_and_grad(model: nn.Module, batches: Batches, objective: Objective = cross_entropy) -> tuple[float, Params]:
+def loss_and_grad(model: nn.Module, batches: Batches, objective: Objective) -> tuple[float, Params]:
     """``(L, ∇L)`` with respect to the trainable parameters."""
     params = P.trainable(model)
     grad = P.zeros_like(params)
@@ -98,7 +118,7 @@ def loss_and_grad(model: nn.Module, batches: Batches, objective: Objective = cro
     return total / n, P.scale_(grad, 1.0 / n)
 
 
-def hvp(model: nn.Module, batches: Batches, v: Params, objective: Objective = cross_entropy) -> Params:
+def hvp(model: nn.Module, batches: Batches, v: Params, objective: Objective) -> Params:
     """``H·v``, the Hessian of ``L`` (trainable parameters) times ``v``, by double backpropagation."""
     params = P.trainable(model)
     out = P.zeros_like(params)
@@ -175,7 +195,7 @@ def grid(points: int, span: float = 1.0) -> np.ndarray:
     return np.linspace(-span, span, points)
 
 
-def landscape_1d(model: nn.Module, batches: Batches, direction: Params, objective: Objective = cross_entropy,
+def landscape_1d(model: nn.Module, batches: Batches, direction: Params, objective: Objective,
                  points: int = 21, span: float = 1.0) -> dict[str, np.ndarray]:
     """``L(x + α·d)`` for ``α`` in ``grid(points, span)``; returns ``{"alphas", "losses"}``."""
     alphas = grid(points, span)
@@ -187,7 +207,7 @@ def landscape_1d(model: nn.Module, batches: Batches, direction: Params, objectiv
     return {"alphas": alphas, "losses": losses}
 
 
-def landscape_2d(model: nn.Module, batches: Batches, d1: Params, d2: Params, objective: Objective = cross_entropy,
+def landscape_2d(model: nn.Module, batches: Batches, d1: Params, d2: Params, objective: Objective,
                  points: int = 21, span: float = 1.0) -> dict[str, np.ndarray]:
     """``L(x + α·d₁ + β·d₂)`` on a square grid; ``losses[i, j]`` is at ``(alphas[i], betas[j])``."""
     alphas = grid(points, span)
@@ -201,7 +221,7 @@ def landscape_2d(model: nn.Module, batches: Batches, d1: Params, d2: Params, obj
 
 
 # ------------------------------------------------------------------------------------------------ sharpness
-def top_eigenvalue(model: nn.Module, batches: Batches, objective: Objective = cross_entropy, iters: int = 20,
+def top_eigenvalue(model: nn.Module, batches: Batches, objective: Objective, iters: int = 20,
                    tol: float = 1e-3, seed: int = 0) -> dict[str, Any]:
     """Top Hessian eigenvalue of ``L`` by power iteration on Hessian-vector products.
 
@@ -231,7 +251,7 @@ def top_eigenvalue(model: nn.Module, batches: Batches, objective: Objective = cr
     return {"eigenvalue": lam, "iterations": len(history), "history": history}
 
 
-def sam_sharpness(model: nn.Module, batches: Batches, objective: Objective = cross_entropy, rho: float = 0.05,
+def sam_sharpness(model: nn.Module, batches: Batches, objective: Objective, rho: float = 0.05,
                   steps: int = 5, seed: int = 0) -> dict[str, Any]:
     """SAM sharpness ``max_{‖e‖≤ρ} L(x + e) − L(x)`` by ``steps`` normalized projected ascent steps.
 
@@ -318,6 +338,8 @@ class LoadedRun:
     round: int
     """Rounds completed by the loaded weights."""
     weights: Path
+    task: Task
+    """The run's task: its objective is the loss every tool here measures."""
     algorithm: str = "FedAvg"
     """The run's algorithm (class name), for titles."""
 
@@ -363,7 +385,7 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: 
         checkpoint: weights to load instead of ``final_model.pt``: a path, or ``last`` for ``checkpoints/last.ckpt``.
         device: where to evaluate; default ``cuda`` when available, else ``cpu``.
     """
-    from fedlight.cli import _parse
+    from fedlight.config.cli import _parse
 
     run_dir = Path(run_dir)
     cfg = run_dir / "config.yaml"
@@ -385,12 +407,14 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = model.to(device=dev, dtype=torch.float32)
     data.setup(dev, seed)
+    task = resolve_task(kwargs.get("task"), model, data)
+    task.setup(data)
     algorithm = type(kwargs["algorithm"]).__name__ if kwargs.get("algorithm") is not None else "FedAvg"
-    return LoadedRun(run_dir, model, data, seed, rnd, weights, algorithm)
+    return LoadedRun(run_dir, model, data, seed, rnd, weights, task, algorithm)
 
 
 def data_batches(data: Any, split: str = "train", max_samples: int | None = None, seed: int = 0,
-                 batch_size: int | None = None) -> Callable[[], Iterator[tuple[Tensor, Tensor]]]:
+                 batch_size: int | None = None) -> Callable[[], Iterator[Any]]:
     """A re-iterable source of a federated data module's batches, for :func:`loss` and friends.
 
     ``train``: every client's samples once, without augmentation (so ``L`` is the sample-weighted federated
@@ -402,19 +426,18 @@ def data_batches(data: Any, split: str = "train", max_samples: int | None = None
     check(max_samples is None or max_samples > 0, f"`--samples` must be positive, got {max_samples}")
     size = batch_size or getattr(data, "eval_batch_size", 1000)
 
-    def merged(chunks: Iterable[tuple[Tensor, Tensor]]) -> Iterator[tuple[Tensor, Tensor]]:
-        xs, ys, n = [], [], 0
-        for x, y in chunks:
-            xs.append(x)
-            ys.append(y)
-            n += len(y)
+    def merged(chunks: Iterable[Any]) -> Iterator[Any]:
+        parts, n = [], 0
+        for b in chunks:
+            parts.append(b)
+            n += _batch_size(b)
             if n >= size:
-                yield torch.cat(xs), torch.cat(ys)
-                xs, ys, n = [], [], 0
-        if xs:
-            yield torch.cat(xs), torch.cat(ys)
+                yield _cat(parts)
+                parts, n = [], 0
+        if parts:
+            yield _cat(parts)
 
-    def train_chunks() -> Iterator[tuple[Tensor, Tensor]]:
+    def train_chunks() -> Iterator[Any]:
         total = sum(data.num_samples(c) for c in range(data.num_clients))
         frac = 1.0 if max_samples is None else min(1.0, max_samples / total)
         saved, data.augment = data.augment, False
@@ -424,25 +447,26 @@ def data_batches(data: Any, split: str = "train", max_samples: int | None = None
                 keep = n if frac >= 1.0 else max(1, round(n * frac))
                 gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + c)
                 got = 0
-                for x, y in data.client_batches(c, data.steps_per_epoch(c), gen):
-                    take = min(len(y), keep - got)
+                for b in data.client_batches(c, data.steps_per_epoch(c), gen):
+                    take = min(_batch_size(b), keep - got)
                     if take <= 0:
                         break
-                    yield x[:take], y[:take]
+                    yield _take(b, take)
                     got += take
         finally:
             data.augment = saved
 
-    def test_chunks() -> Iterator[tuple[Tensor, Tensor]]:
+    def test_chunks() -> Iterator[Any]:
         left = max_samples
-        for x, y in data.test_batches():
+        for b in data.test_batches():
             if left is not None:
                 if left <= 0:
                     break
-                x, y, left = x[:left], y[:left], left - len(y[:left])
-            yield x, y
+                b = _take(b, left)
+                left -= _batch_size(b)
+            yield b
 
-    def batches() -> Iterator[tuple[Tensor, Tensor]]:
+    def batches() -> Iterator[Any]:
         return merged(train_chunks() if split == "train" else test_chunks())
 
     return batches
@@ -482,18 +506,19 @@ def run_landscape(run_dir: str | Path, split: str = "train", dims: int = 1, poin
     """
     check(dims in (1, 2), f"`--dims` must be 1 or 2, got {dims!r}")
     run = load_run(run_dir, checkpoint, device)
-    batches = data_batches(run.data, split, max_samples, seed)
+    batches, objective = data_batches(run.data, split, max_samples, seed), run.task.objective
     d1 = random_direction(run.model, seed=seed)
     out_dir = _out_dir(run, out)
     stem = f"r{run.round}_{split}"
     what = f"{split} loss: {run.label}"
-    result: dict[str, Any] = {"round": run.round, "split": split, "base_loss": loss(run.model, batches), "titles": []}
+    result: dict[str, Any] = {"round": run.round, "split": split, "base_loss": loss(run.model, batches, objective),
+                              "titles": []}
     images: dict[str, Any] = {}
     paths: list[Path] = []
     curve = None
     if dims == 2:
         d2 = random_direction(run.model, seed=seed + 1)
-        g2 = landscape_2d(run.model, batches, d1, d2, points=points, span=span)
+        g2 = landscape_2d(run.model, batches, d1, d2, objective, points=points, span=span)
         result["grid_2d"] = g2
         np.savez(out_dir / f"{stem}_2d.npz", **g2)
         fig = plot_2d(g2["alphas"], g2["betas"], g2["losses"], f"{what}\n2-D, filter-normalized directions")
@@ -505,7 +530,7 @@ def run_landscape(run_dir: str | Path, split: str = "train", dims: int = 1, poin
         if len(zero):
             curve = {"alphas": g2["alphas"], "losses": g2["losses"][:, zero[0]].copy()}
     if curve is None:
-        curve = landscape_1d(run.model, batches, d1, points=points, span=span)
+        curve = landscape_1d(run.model, batches, d1, objective, points=points, span=span)
     result["curve_1d"] = curve
     np.savez(out_dir / f"{stem}_1d.npz", **curve)
     np.savetxt(out_dir / f"{stem}_1d.csv", np.stack([curve["alphas"], curve["losses"]], 1), delimiter=",",
@@ -532,8 +557,8 @@ def run_sharpness(run_dir: str | Path, split: str = "train", iters: int = 20, to
     """
     run = load_run(run_dir, checkpoint, device)
     batches = data_batches(run.data, split, max_samples, seed)
-    eig = top_eigenvalue(run.model, batches, iters=iters, tol=tol, seed=seed)
-    sam = sam_sharpness(run.model, batches, rho=rho, steps=steps, seed=seed)
+    eig = top_eigenvalue(run.model, batches, run.task.objective, iters=iters, tol=tol, seed=seed)
+    sam = sam_sharpness(run.model, batches, run.task.objective, rho=rho, steps=steps, seed=seed)
     result = {"round": run.round, "split": split, "weights": str(run.weights), "loss": sam["loss"],
               "top_eigenvalue": eig["eigenvalue"], "power_iterations": eig["iterations"],
               "eigenvalue_history": eig["history"], "rho": rho, "ascent_steps": steps,

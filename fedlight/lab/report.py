@@ -140,13 +140,11 @@ def metric_value(run: Path, metric: str) -> float | None:
     key = curve_key(metric)
     v = summary.get(metric)
     if v is None and key is not None:
-        v = _from_curve(read_curve(run), metric, key)
+        v = _from_curve(read_curve(run), metric, key, summary)
     return None if v is None else (100 * v if key is not None and is_fraction(key) else v)
 
 
-def _from_curve(curve: list[dict[str, Any]], metric: str, key: str) -> float | None:
-    from fedlight.run.files import higher_is_better
-
+def _from_curve(curve: list[dict[str, Any]], metric: str, key: str, summary: dict[str, Any]) -> float | None:
     if metric.startswith("last_"):
         return last_mean(curve, key, last_count(metric))
     vals = [float(r[key]) for r in curve if r.get(key) is not None]
@@ -154,7 +152,19 @@ def _from_curve(curve: list[dict[str, Any]], metric: str, key: str) -> float | N
         return None
     if metric.startswith("final_"):
         return vals[-1]
-    return max(vals) if higher_is_better(key) else min(vals)
+    return max(vals) if _higher_is_better(summary, key) else min(vals)
+
+
+def _higher_is_better(summary: dict[str, Any], key: str) -> bool:
+    """``key``'s direction as the run's task recorded it in ``summary.json`` (``metric_directions``; the headline's
+    also under ``headline``); refused when the run did not record it."""
+    directions = summary.get("metric_directions") or {}
+    head = summary.get("headline") or {}
+    if key not in directions and head.get("metric") == key:
+        return bool(head["higher_is_better"])
+    check(key in directions, f"best_{key}: the run's summary.json does not record whether higher {key} is better "
+          "(its task did not report it); use final_ or last_ of it")
+    return bool(directions[key])
 
 
 def metric_label(metric: str) -> str:

@@ -261,19 +261,9 @@ def summarize(rows: list[dict[str, Any]], targets: list[float], totals: dict[str
     }
 
 
-HIGHER = ("acc", "accuracy", "f1", "mcc", "r2", "auroc", "auc", "precision", "recall", "iou", "dice", "bleu")
-"""Metric names (or parts of them) whose higher values are better; every other metric (loss, MSE, perplexity) is
-better lower."""
-
-
 def metric_name(key: str) -> str:
     """``final_test_acc`` / ``best_test_acc`` / ``test_acc`` → ``acc``."""
     return key.removeprefix("final_").removeprefix("best_").removeprefix("last_").removeprefix("test_")
-
-
-def higher_is_better(key: str) -> bool:
-    name = metric_name(key).lower()
-    return any(h in name for h in HIGHER)
 
 
 def is_fraction(key: str) -> bool:

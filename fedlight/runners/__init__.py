@@ -2,53 +2,50 @@
 
 * :class:`SequentialRunner` — one client after another on the one model; the reference, and the CPU default.
 * :class:`StackedRunner` — the clients of a round stacked along a client dimension (``torch.func.vmap``), the
-  stacked loss optionally ``torch.compile``d; the default on CUDA.
+  stacked loss optionally ``torch.compile``d; the default on CUDA. With ``loop.channels_last`` its convolutions
+  stay channels-last (:class:`~fedlight.runners.nhwc.ChannelsLastStackedRunner`).
+* :class:`StreamsRunner` — a chunk's clients on their own model copies, their steps interleaved on CUDA streams.
 
-:func:`select_runner` turns ``loop.client_parallelism`` / ``loop.compile`` into a runner and says why.
+:func:`select_runner` turns ``loop.client_parallelism`` / ``loop.compile`` into a runner and says why; ``auto``
+reads :data:`fedlight.runners.choice.AUTO`.
 """
 
 from __future__ import annotations
 
-import numbers
-
-from torch import nn
-
-from fedlight.runners.base import ClientJob, ClientOutcome, ClientRunner, TrainSetup
+from fedlight.runners.base import ClientJob, ClientOutcome, ClientRunner, TrainSetup, compile_kwargs
+from fedlight.runners.choice import _drops as _drops  # re-exported: tests and tasks read it here
+from fedlight.runners.choice import pick
 from fedlight.runners.guard import say
+from fedlight.runners.nhwc import ChannelsLastStackedRunner
 from fedlight.runners.sequential import SequentialRunner
-from fedlight.runners.stacked import COMPILE_MODES, StackedRunner, check_supported
+from fedlight.runners.stacked import StackedRunner, check_supported
+from fedlight.runners.streams import StreamsRunner
 
-__all__ = ["ClientJob", "ClientOutcome", "ClientRunner", "SequentialRunner", "StackedRunner", "TrainSetup",
-           "select_runner"]
+__all__ = ["ClientJob", "ClientOutcome", "ClientRunner", "SequentialRunner", "StackedRunner", "StreamsRunner",
+           "TrainSetup", "select_runner"]
 
 
 def select_runner(cfg, setup: TrainSetup, algorithm: str) -> tuple[ClientRunner, str]:
-    """The runner ``cfg`` asks for (``auto``: stacked + compiled on CUDA when the rule and model allow it,
-    else sequential), and a one-line reason."""
+    """The runner ``cfg`` asks for (``auto``: the first route of :data:`~fedlight.runners.choice.AUTO` for the
+    device that the rule and model allow), and a one-line reason."""
     mode, compile = cfg.client_parallelism, _compile_on(cfg.compile, setup)
-    if mode == "vmap":
-        check_supported(setup.local, algorithm)
-        return StackedRunner(setup, cfg.vmap_chunk, compile or False), "loop.client_parallelism: vmap"
     if mode == "auto":
-        why = _why_not_stacked(setup)
-        if why is None:
-            c = True if compile is None else compile
-            return StackedRunner(setup, cfg.vmap_chunk, c), "auto: CUDA device; rule and model run stacked"
-        reason = f"auto: {why}"
+        mode, reason = pick(setup)
+        mode = "vmap" if mode == "stacked" else mode
+        compile = (mode == "vmap") if compile is None else compile  # auto compiles the stacked route
     else:
-        reason = "loop.client_parallelism: sequential"
+        reason = f"loop.client_parallelism: {mode}"
+        if mode == "vmap":
+            check_supported(setup.local, algorithm)
+    if mode == "vmap":
+        cls = ChannelsLastStackedRunner if getattr(cfg, "channels_last", False) else StackedRunner
+        return cls(setup, cfg.vmap_chunk, compile or False), reason
+    if mode == "streams":
+        chunk = cfg.vmap_chunk if isinstance(cfg.vmap_chunk, int) else None
+        return StreamsRunner(setup, chunk, compile or False), reason
     if compile:
-        setup.model.compile(**({} if compile is True else {"mode": compile} if compile in COMPILE_MODES
-                               else {"backend": compile}))
+        setup.model.compile(**compile_kwargs(compile))
     return SequentialRunner(setup), reason
-
-
-def _drops(m: nn.Module) -> bool:
-    """Dropout with p > 0, or stochastic depth (timm's ``DropPath`` with ``drop_prob > 0``, as in Swin/ViT)."""
-    if isinstance(m, nn.modules.dropout._DropoutNd):
-        return m.p > 0
-    p = getattr(m, "drop_prob", None)
-    return isinstance(p, numbers.Real) and p > 0
 
 
 def _compile_on(compile, setup: TrainSetup):
@@ -58,13 +55,3 @@ def _compile_on(compile, setup: TrainSetup):
                    f"{setup.device.type} it compiles as `loop.compile: true` does")
         return True
     return compile
-
-
-def _why_not_stacked(setup: TrainSetup) -> str | None:
-    if setup.device.type != "cuda":
-        return f"{setup.device.type} device (stacked clients pay off on CUDA; force with vmap)"
-    if setup.local.stacked_unsupported is not None:
-        return f"the rule cannot run stacked ({setup.local.stacked_unsupported})"
-    if any(_drops(m) for m in setup.model.modules()):
-        return "the model has dropout (stacked clients draw different masks than sequential ones)"
-    return getattr(setup.task, "stacked_note", None)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlight import params as P
+from fedlight.args import COMPILE_MODES
 from fedlight.params import Params
 from fedlight.rules import Broadcast, ClientResult, LocalContext, LocalUpdateRule, RoundInfo
 
@@ -36,9 +37,9 @@ class TrainSetup:
     max_grad_norm: float | None
     weight_decay: float
     seed: int
-    task: Any = None
-    """The run's :class:`~fedlight.tasks.Task`: its client objective becomes ``ctx.objective``; ``None`` keeps
-    the context's default (cross-entropy)."""
+    task: Any
+    """The run's :class:`~fedlight.tasks.Task`: its client objective becomes ``ctx.objective`` (required: the
+    engine has no default task)."""
 
     @property
     def device(self) -> torch.device:
@@ -104,8 +105,7 @@ def context(setup: TrainSetup, job: ClientJob, info: RoundInfo, params: Params, 
     ctx = cls(broadcast=job.broadcast, optimizer=optimizer, lr=info.lr, num_steps=job.num_steps, params=params,
               client_id=job.client_id, round=info.round, state=state, max_grad_norm=setup.max_grad_norm,
               fabric=setup.fabric, weight_decay=setup.weight_decay, **extra)
-    if setup.task is not None:
-        ctx.objective = setup.task.client_objective(ctx)
+    ctx.objective = setup.task.client_objective(ctx)
     return ctx
 
 
@@ -116,3 +116,8 @@ def outcome(job: ClientJob, result: ClientResult, ctx_metrics: dict[str, Any], l
     result.metrics = {**ctx_metrics, **result.metrics}
     return ClientOutcome(job=job, result=result, state=state, buffers=buffers, train_loss=loss_sum / job.num_steps,
                          delta_sqnorm=P.sqnorm(result.delta))
+
+
+def compile_kwargs(compile: bool | str) -> dict[str, Any]:
+    """``torch.compile`` keywords for a ``loop.compile`` value: ``True`` → inductor, a mode, else a backend name."""
+    return {} if compile is True else {"mode": compile} if compile in COMPILE_MODES else {"backend": compile}

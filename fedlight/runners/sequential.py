@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import torch
 
@@ -33,6 +33,15 @@ class SequentialRunner:
             yield out
 
     def train_one(self, job: ClientJob, info: RoundInfo, buffers: Params) -> ClientOutcome:
+        steps = self.stepwise(job, info, buffers)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def stepwise(self, job: ClientJob, info: RoundInfo, buffers: Params) -> Generator[None, None, ClientOutcome]:
+        """``train_one`` paused after each local step (a runner that interleaves clients advances several)."""
         s, model = self.setup, self.setup.model
         P.copy_(self.live_buffers, buffers)
         seed_client_torch(s.seed, info.round, job.client_id, s.device)
@@ -42,6 +51,7 @@ class SequentialRunner:
         loss_sum = torch.zeros((), device=s.device, dtype=torch.float64)
         for batch in job.batches():
             loss_sum.add_(s.local.step(model, batch, ctx))  # promotes in the kernel: no float64 temporary
+            yield
         result = s.local.finish(model, ctx)
         # the live buffers are read now, before the next client overwrites them
         return outcome(job, result, ctx.metrics, loss_sum, ctx.state, P.float_buffers(model))

@@ -19,6 +19,7 @@ different masks per client, so models with dropout are statistically, not bitwis
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -32,11 +33,11 @@ from torch.func import functional_call, vmap
 from torch.nn.utils.stateless import _reparametrize_module
 
 from fedlight import params as P
-from fedlight.args import COMPILE_MODES
+from fedlight import precision as precisions
 from fedlight.errors import ConfigError
 from fedlight.params import Params
 from fedlight.rules import Broadcast, ClientResult, LocalContext, LocalUpdateRule, RoundInfo
-from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, context, outcome
+from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, compile_kwargs, context, outcome
 from fedlight.runners.guard import (
     auto_chunk,
     cause,
@@ -100,15 +101,14 @@ class StackedForward:
         self.norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         fn = self._losses
         if compile:
-            kw = {} if compile is True else {"mode": compile} if compile in COMPILE_MODES else {"backend": compile}
-            fn = torch.compile(fn, dynamic=False, **kw)
+            fn = torch.compile(fn, dynamic=False, **compile_kwargs(compile))
         self.fn = fn
 
     @classmethod
     def shared(cls, model: nn.Module, fabric: Any, compile: bool | str = False) -> StackedForward:
         """One instance per (model, precision, compile), so loops over the same model reuse compiled code."""
         precision = None if fabric is None else fabric.strategy.precision
-        key = (type(precision).__name__, str(getattr(precision, "precision", "")), compile)
+        key = (cls.__name__, type(precision).__name__, str(getattr(precision, "precision", "")), compile)
         per_model = model.__dict__.setdefault("_fedlight_stacked_forwards", {})  # dies with the model
         if key not in per_model:
             per_model[key] = cls(model, fabric, compile)
@@ -293,7 +293,7 @@ class StackedRunner:
     def _fall_back(self, e: BaseException) -> None:
         s = self.setup
         if self.forward.compiled:
-            self.forward, self._compile_failed = StackedForward.shared(s.model, s.fabric, False), True
+            self.forward, self._compile_failed = type(self.forward).shared(s.model, s.fabric, False), True
             line = (f"torch.compile of the stacked step failed ({cause(e)}); training goes on with the eager stacked "
                     "runner. Force a choice with `--loop.compile false` (eager stacked) or "
                     "`--loop.client_parallelism sequential`")
@@ -321,10 +321,8 @@ class StackedRunner:
         """``loop.vmap_chunk: auto``: clients per chunk from the free memory and one client's measured footprint."""
         s, job = self.setup, jobs[0]
         batch = next(iter(job.batches()))
-        objective = LocalContext.__dataclass_fields__["objective"].default
-        if s.fabric is not None and s.fabric.strategy.precision is not None:
-            batch = s.fabric.strategy.precision.convert_input(batch)
-        per_client = client_footprint(s.model, batch, objective, tree_bytes(job.state))
+        per_client = client_footprint(s.model, batch, functools.partial(precisions.forward, s.fabric, s.task.objective),
+                                      tree_bytes(job.state))
         free = free_bytes(s.device)
         chunk = auto_chunk(free, per_client, len(jobs))
         say(s, f"fedlight: loop.vmap_chunk auto: {chunk} clients per chunk ({free / 2**20:.0f} MiB free, "

@@ -12,12 +12,14 @@ headline metric ``test_<headline>`` is the one the console line, ``summary.json`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from fedlight.core import precision as precisions
 from fedlight.errors import ConfigError
 
 
@@ -33,6 +35,8 @@ class Task:
     higher_is_better: bool = False
     reports: tuple[str, ...] = ("loss",)
     """The names :meth:`metrics` reports (without ``test_``), known before any data is seen."""
+    higher: tuple[str, ...] = ()
+    """The reported names besides the headline whose higher values are better (accuracy, F1, R², ...)."""
     effective: str | None = None
     """The local optimization actually used, when the task brings its own (a LightningModule's): recorded in
     ``summary.json`` (``local_optimization``) and as a comment in ``config.yaml``."""
@@ -81,6 +85,11 @@ class Task:
     def headline_key(self) -> str:
         return f"test_{self.headline}"
 
+    def directions(self) -> dict[str, bool]:
+        """``test_<name>`` → whether higher is better, for every metric this task reports (the headline's is
+        :attr:`higher_is_better`); the only source of a metric's direction (``summary.json`` records it)."""
+        return {**{f"test_{k}": k in self.higher for k in self.reports}, self.headline_key: self.higher_is_better}
+
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batches: Iterable[Any], fabric: Any = None) -> dict[str, float]:
         """The test metrics of ``model`` over ``batches`` (torchmetrics reduce across processes in ``compute``)."""
@@ -122,12 +131,9 @@ class Task:
             raise ConfigError(f"{type(self).__name__}: the headline metric {self.headline!r} is not among the "
                               f"metrics the task reports ({', '.join(metrics) or 'none'})")
 
-    def _probe_loss(self, model, batch, fabric):
-        if fabric is None:
-            return self.objective(model, batch)
-        precision = fabric.strategy.precision
-        with precision.forward_context():
-            return self.objective(model, precision.convert_input(batch))
+
+    def _probe_loss(self, model: nn.Module, batch: Any, fabric: Any) -> Any:
+        return precisions.forward(fabric, self.objective, model, batch)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -135,16 +141,11 @@ class Task:
 
 def precision_forward(fabric: Any) -> Callable:
     """``forward(model, *args, **kwargs)``: the model under the precision plugin (inputs converted)."""
-    precision = None if fabric is None else fabric.strategy.precision
+    return functools.partial(precisions.forward, fabric, _call)
 
-    def forward(model, *args, **kwargs):
-        if precision is None:
-            return model(*args, **kwargs)
-        args, kwargs = precision.convert_input((args, kwargs))
-        with precision.forward_context():
-            return model(*args, **kwargs)
 
-    return forward
+def _call(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return model(*args, **kwargs)
 
 
 def eval_outputs(model: nn.Module, fabric: Any, *args: Any, **kwargs: Any) -> Tensor:
@@ -230,3 +231,13 @@ def outputs(out: Any) -> Tensor:
                         "tensor or an object with `.logits`")
     return logits
 
+
+HIGHER = ("acc", "accuracy", "f1", "mcc", "r2", "auroc", "auc", "precision", "recall", "iou", "dice", "bleu")
+"""Metric names (or parts of them) whose higher values are better; every other metric (loss, MSE, perplexity) is
+better lower."""
+
+
+def higher_is_better(name: str) -> bool:
+    """A default direction for a metric a task reports only by name (a LightningModule's ``self.log``)."""
+    name = name.lower().removeprefix("test_")
+    return any(h in name for h in HIGHER)

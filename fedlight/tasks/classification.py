@@ -24,6 +24,7 @@ class Classification(Task):
     headline = "acc"
     higher_is_better = True
     reports = ("acc", "loss")
+    higher = ("acc",)
 
     def __init__(self, num_classes: int | None = None) -> None:
         self.num_classes = num_classes

@@ -32,6 +32,7 @@ class LanguageModeling(Task):
     headline = "perplexity"
     higher_is_better = False
     reports = ("perplexity", "token_acc", "loss")
+    higher = ("token_acc",)
 
     def objective(self, model: nn.Module, batch: Any) -> Tensor:
         logits, y = self._logits_targets(model, batch, lambda m, *a, **k: m(*a, **k))

@@ -22,10 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fedlight.core.params import in_stacked
 from fedlight.errors import ConfigError
-from fedlight.params import in_stacked
-from fedlight.run.files import higher_is_better
-from fedlight.tasks.base import Task, precision_forward
+from fedlight.tasks.base import Task, higher_is_better, precision_forward
 from fedlight.tasks.lightning_compat import is_lightning_module, overrides
 from fedlight.tasks.lightning_hooks import ClientHooks, call_hook
 from fedlight.tasks.lightning_logs import _batch_size, _mean_metric, _reduce, capture_logs

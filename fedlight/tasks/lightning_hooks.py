@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedlight import params as P
-from fedlight.params import in_stacked
+from fedlight.core import params as P
+from fedlight.core.params import in_stacked
 from fedlight.tasks.lightning_logs import capture_logs
 
 

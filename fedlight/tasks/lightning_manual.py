@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fedlight.core.rules import LocalContext, LocalUpdateRule
 from fedlight.errors import ConfigError
-from fedlight.rules import LocalContext, LocalUpdateRule
 
 
 class ManualLocalUpdate(LocalUpdateRule):
@@ -43,7 +43,7 @@ def manual_algorithm(algorithm: Any, name: str) -> Any:
 
 
 def _plain_rules() -> list[str]:
-    from fedlight.registry import create, list_algorithms
+    from fedlight.core.registry import create, list_algorithms
 
     names = []
     for key in list_algorithms():

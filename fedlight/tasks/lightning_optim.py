@@ -15,7 +15,7 @@ import inspect
 from types import SimpleNamespace
 from typing import Any
 
-from fedlight.args import LoopConfig, LRSchedule
+from fedlight.config.args import LoopConfig, LRSchedule
 from fedlight.errors import ConfigError
 from fedlight.tasks.lightning_compat import overrides
 from fedlight.tasks.lightning_hooks import call_hook
@@ -104,7 +104,7 @@ def _clip(clip: float | None) -> str:
 
 
 def _own_optimizer(algorithm) -> bool:
-    from fedlight.rules import LocalUpdateRule
+    from fedlight.core.rules import LocalUpdateRule
 
     return type(algorithm.local).make_optimizer is not LocalUpdateRule.make_optimizer
 
@@ -124,7 +124,7 @@ def _sgd_note(fabric, algorithm, first, group) -> None:
     """A rule whose local algebra is written for SGD steps, run with another optimizer: say what that means."""
     import torch
 
-    from fedlight.rules import LocalUpdateRule
+    from fedlight.core.rules import LocalUpdateRule
 
     if type(algorithm.local) is LocalUpdateRule or isinstance(first, torch.optim.SGD):
         return

@@ -22,6 +22,7 @@ class Regression(Task):
     headline = "mse"
     higher_is_better = False
     reports = ("mse", "mae", "r2", "loss")
+    higher = ("r2",)
 
     def objective(self, model: nn.Module, batch: Any) -> Tensor:
         x, y = batch

@@ -27,6 +27,7 @@ class TextClassification(Task):
     """
 
     reports = ("acc", "f1", "mcc", "loss")
+    higher = ("acc", "f1", "mcc")
 
     def __init__(self, num_classes: int | None = None, headline: str = "acc") -> None:
         if headline not in HEADLINES:

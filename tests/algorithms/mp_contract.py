@@ -39,7 +39,7 @@ def main(n: int, out: str, parallelism: str = "sequential", *names: str) -> None
         data.setup(fabric.device, 0)
         cfg = LoopConfig(rounds=2, clients_per_round=3, local_steps=3, lr=0.05, progress=False,
                          client_parallelism=parallelism)
-        loop = FederatedLoop(fabric, tiny_cnn(), data, create(name), cfg, 0, Path("unused"))
+        loop = FederatedLoop(fabric, tiny_cnn(), data, create(name), cfg, 0, Path("unused"), data.default_task())
         for r in range(2):
             loop.run_round(r)
         results[name] = {**{f"x.{k}": v.cpu() for k, v in loop.x.items()},

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from fedtest import contract_loop
+from fedtest import contract_loop, resume, save_checkpoint
 
 import fedlight
 from fedlight import params as P
 from fedlight.args import LoopConfig
 from fedlight.registry import get_algorithm
-from fedlight.run.files import atomic_torch_save
 
 ALGOS = fedlight.list_algorithms()
 
@@ -60,11 +59,10 @@ def test_resume_is_bitwise_exact(name, tmp_path):
     first = contract_loop(name, rounds=4)
     for r in range(2):
         first.run_round(r)
-    ckpt = tmp_path / "last.ckpt"
-    atomic_torch_save(first.checkpoint_state(2), ckpt)
+    ckpt = save_checkpoint(first, tmp_path)
     second = contract_loop(name, rounds=4)
-    second.load(ckpt)
-    assert second.start_round == 2
+    resume(second, ckpt)
+    assert second.state.rounds_done == 2
     for r in range(2, 4):
         second.run_round(r)
     _assert_equal(second.x, full.x)
@@ -132,7 +130,7 @@ def test_two_backprop_rules_update_batchnorm_once_per_step(name):
 
     from fedtest import image_clients, tiny_cnn
 
-    from fedlight.rules import Broadcast, LocalContext
+    from fedlight.rules import Broadcast, LocalContext, cross_entropy
 
     model = tiny_cnn()
     ref = copy.deepcopy(model).train()
@@ -142,7 +140,8 @@ def test_two_backprop_rules_update_batchnorm_once_per_step(name):
     info = fedlight.RoundInfo(round=0, lr=0.1, num_steps=1, num_clients=4, sampled=[0])
     bc = algo.server.broadcast(x, info, 0)
     batch = (image_clients()[0][0][:4], image_clients()[0][1][:4])
-    ctx = LocalContext(bc, torch.optim.SGD(model.parameters(), lr=0.1), 0.1, 1, P.trainable(model))
+    ctx = LocalContext(bc, torch.optim.SGD(model.parameters(), lr=0.1), 0.1, 1, P.trainable(model),
+                       objective=cross_entropy)
     model.train()
     algo.local.start(model, ctx)
     algo.local.step(model, batch, ctx)

@@ -3,6 +3,7 @@ the required properties of ALGORITHMS.md (β = 0 ≡ FedAvg, pure decay under a 
 under clipping, buffers that persist across rounds and absences, zero buffers at the start), diagnostics,
 checkpoint resume and argument validation."""
 
+import fedtest
 import numpy as np
 import pytest
 import torch
@@ -154,9 +155,9 @@ def test_checkpoint_resume_keeps_buffers(tmp_path):
     first = mk(tmp_path / "b")
     for r in range(2):
         first.run_round(r)
-    first.save(2)
+    fedtest.save_checkpoint(first, first.out_dir)
     resumed = mk(tmp_path / "c")
-    resumed.load(tmp_path / "b" / "checkpoints" / "last.ckpt")
+    fedtest.resume(resumed, tmp_path / "b" / "checkpoints" / "last.ckpt")
     for r in (2, 3):
         resumed.run_round(r)
     got = np_params(resumed.x)

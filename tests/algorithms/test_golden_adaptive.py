@@ -5,6 +5,7 @@ torch.optim."""
 
 import math
 
+import fedtest
 import numpy as np
 import pytest
 import torch
@@ -277,10 +278,10 @@ def test_resume_is_bitwise(name, tmp_path):
     first = make_loop(fedlight.create(name), clients, linear_model(theta), local_steps=K, lr=LR, rounds=R,
                       out_dir=tmp_path)
     first.run_round(0)
-    first.save(1)
+    fedtest.save_checkpoint(first, first.out_dir)
     second = make_loop(fedlight.create(name), clients, linear_model(theta), local_steps=K, lr=LR, rounds=R,
                        out_dir=tmp_path)
-    second.load(tmp_path / "checkpoints" / "last.ckpt")
+    fedtest.resume(second, tmp_path / "checkpoints" / "last.ckpt")
     first.run_round(1)
     second.run_round(1)
     for k in first.x:

@@ -3,6 +3,7 @@ the 3-client softmax regression (full batch, 64-true, no wd, no clip) equal an i
 ALGORITHMS.md to 1e-10; the §3 equivalences hold bitwise in 32-true with minibatches; declared communication
 matches what is sent; argument ranges are validated."""
 
+import fedtest
 import numpy as np
 import pytest
 from fedtest import assert_params_close, grad, lin, linear_model, make_loop, mean, norm, problem, run_rounds
@@ -304,9 +305,9 @@ def test_fedwmsam_checkpoint_resume_is_bitwise(tmp_path):
     want = run_rounds(full, 3)
     first = mk(tmp_path / "b")
     first.run_round(0)
-    first.save(1)
+    fedtest.save_checkpoint(first, first.out_dir)
     resumed = mk(tmp_path / "c")
-    resumed.load(tmp_path / "b" / "checkpoints" / "last.ckpt")
+    fedtest.resume(resumed, tmp_path / "b" / "checkpoints" / "last.ckpt")
     for r in (1, 2):
         resumed.run_round(r)
     got = np_params(resumed.x)

@@ -2,6 +2,7 @@
 regression (full batch, 64-true, no wd, no clip) equal an independent numpy derivation of ALGORITHMS.md to 1e-10,
 including server momentum, control variates and per-client state. The derivations are the code below."""
 
+import fedtest
 import numpy as np
 import pytest
 import torch
@@ -284,10 +285,10 @@ def test_resume_is_bitwise(name, kw, tmp_path):
     opts = dict(local_steps=K, lr=LR, clients_per_round=2)
     a = make_loop(fedlight.create(name, **kw), clients, linear_model(theta), out_dir=tmp_path / "a", **opts)
     a.run_round(0)
-    a.save(1)
+    fedtest.save_checkpoint(a, a.out_dir)
     a.run_round(1)
     b = make_loop(fedlight.create(name, **kw), clients, linear_model(theta), out_dir=tmp_path / "b", **opts)
-    b.load(tmp_path / "a" / "checkpoints" / "last.ckpt")
+    fedtest.resume(b, tmp_path / "a" / "checkpoints" / "last.ckpt")
     b.run_round(1)
     for k in a.x:
         assert torch.equal(a.x[k], b.x[k])

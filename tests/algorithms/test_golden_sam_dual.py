@@ -6,6 +6,7 @@ Partial participation (2 of 3 clients, seed 1: S_0 = {0, 1}, S_1 = {0, 2}) check
 survives rounds where the client is absent and that server sums use 1/N.
 """
 
+import fedtest
 import numpy as np
 import pytest
 from fedtest import assert_params_close, grad, lin, linear_model, make_loop, mean, norm, problem, run_rounds, zeros
@@ -301,9 +302,9 @@ def test_resume_is_bitwise(name, tmp_path):
     want = run_rounds(full, R)
     first = make_loop(fedlight.create(name), clients, linear_model(theta), out_dir=tmp_path / "b", **opts)
     run_rounds(first, 1)
-    first.save(1)
+    fedtest.save_checkpoint(first, first.out_dir)
     resumed = make_loop(fedlight.create(name), clients, linear_model(theta), out_dir=tmp_path / "c", **opts)
-    resumed.load(tmp_path / "b" / "checkpoints" / "last.ckpt")
+    fedtest.resume(resumed, tmp_path / "b" / "checkpoints" / "last.ckpt")
     resumed.run_round(1)
     for k in want:
         np.testing.assert_array_equal(resumed.x[k].numpy(), want[k])

@@ -215,3 +215,31 @@ def test_cli_refuses_a_bad_vmap_chunk_with_the_valid_values(tmp_path, capsys, va
 
 def test_vmap_chunk_accepts_a_number_auto_and_null():
     assert [LoopConfig(vmap_chunk=v).vmap_chunk for v in (3, "auto", None)] == [3, "auto", None]
+
+
+def test_vmap_chunk_auto_sizes_token_batches_with_the_task(tmp_path, monkeypatch, capsys):
+    """``vmap_chunk: auto`` on a language-modeling run (int64 tokens and per-token targets, logits ``[B, T, V]``,
+    which a cross-entropy default over ``[B, C]`` logits refused): the footprint is measured with the run's task,
+    the chunks it picks train the same numbers as one client after another."""
+    from fedtest import spy_auto_chunk
+
+    from fedlight.data import MarkovText
+    from fedlight.models import TinyGPT
+    from fedlight.tasks import LanguageModeling
+
+    seen = spy_auto_chunk(monkeypatch, chunk=2)
+    out = {}
+    for mode, chunk in (("sequential", None), ("vmap", "auto")):
+        torch.manual_seed(0)
+        model = TinyGPT(vocab_size=16, dim=16, layers=1, heads=2, max_len=12)
+        data = MarkovText(num_clients=4, vocab_size=16, seq_len=12, sequences_per_client=8, batch_size=4)
+        fedlight.fit(model, data, loop=LoopConfig(rounds=1, clients_per_round=3, local_steps=2, lr=0.1,
+                                                  client_parallelism=mode, vmap_chunk=chunk, progress=False),
+                     out_dir=str(tmp_path / mode))
+        out[mode] = P.clone(P.trainable(model))
+    (batch, objective, _), = seen
+    assert [(t.dtype, tuple(t.shape)) for t in batch] == [(torch.int64, (4, 12))] * 2
+    assert isinstance(objective.args[1].__self__, LanguageModeling)
+    assert "loop.vmap_chunk auto: 2 clients per chunk" in capsys.readouterr().err
+    for k, v in out["sequential"].items():
+        torch.testing.assert_close(out["vmap"][k], v, rtol=1e-4, atol=1e-6)

@@ -12,12 +12,14 @@ from fedlight import params as P
 from fedlight.args import LoopConfig
 from fedlight.rules import LocalUpdateRule
 from fedlight.runners import SequentialRunner, StackedRunner, TrainSetup, select_runner
+from fedlight.tasks import Classification
 
 
 def _setup(device: str, local=None, model=None) -> TrainSetup:
     fabric = SimpleNamespace(device=torch.device(device), strategy=SimpleNamespace(precision=None))
     return TrainSetup(model=model or tiny_cnn(), local=local or LocalUpdateRule(), fabric=fabric,
-                      optimizer=LoopConfig().optimizer_factory(), max_grad_norm=None, weight_decay=0.0, seed=0)
+                      optimizer=LoopConfig().optimizer_factory(), max_grad_norm=None, weight_decay=0.0, seed=0,
+                      task=Classification())
 
 
 def test_auto_picks_sequential_on_cpu_and_says_why():
@@ -94,7 +96,7 @@ def test_batchnorm_stacked_bf16_on_cuda(compile):
     data.setup(fabric.device, 0)
     cfg = LoopConfig(rounds=1, clients_per_round=3, local_steps=3, lr=0.05, progress=False,
                      client_parallelism="vmap", compile=compile)
-    loop = FederatedLoop(fabric, tiny_cnn(), data, fedlight.create("fedavg"), cfg, 0, "unused")
+    loop = FederatedLoop(fabric, tiny_cnn(), data, fedlight.create("fedavg"), cfg, 0, "unused", data.default_task())
     row = loop.run_round(0)
     assert 0 < row["train_loss"] < 10
 

@@ -18,6 +18,7 @@ from fedlight.data import GLUE, IID, Shakespeare
 from fedlight.errors import ConfigError
 from fedlight.models import HFCausalLM, HFLoRA, HFSequenceClassifier
 from fedlight.registry import get_algorithm
+from fedlight.runners import guard
 
 TABLE3 = ("fedavg", "scaffold", "fedcm", "local_adam", "fedadam", "fedlada", "local_adamw", "fedadamw")
 R = 4  # LoRA rank of the tests
@@ -78,6 +79,28 @@ def test_stacked_clients_equal_sequential_ones(rule, glue_root, tokenizer, tmp_p
         fit(m, glue(glue_root, tokenizer), get_algorithm(rule).cls(), tmp_path, f"{rule}-{mode}",
             client_parallelism=mode, rounds=2)
         out[mode] = P.clone(P.trainable(m))
+    for k, v in out["sequential"].items():
+        torch.testing.assert_close(out["vmap"][k], v, rtol=1e-4, atol=1e-6)
+
+
+def test_vmap_chunk_auto_sizes_glue_dict_batches_with_the_task(glue_root, tokenizer, tmp_path, monkeypatch, capsys):
+    """``vmap_chunk: auto`` measures one client's footprint with the run's task (TextClassification on dict batches;
+    it used to unpack ``x, y = batch`` from a cross-entropy default and fail) and trains the chunks it chose: the
+    same numbers as one client after another."""
+    from fedtest import spy_auto_chunk
+
+    seen = spy_auto_chunk(monkeypatch, chunk=2)
+    out = {}
+    for mode, chunk in (("sequential", None), ("vmap", "auto")):
+        m = model(tokenizer)
+        fit(m, glue(glue_root, tokenizer), get_algorithm("fedavg").cls(), tmp_path, mode, client_parallelism=mode,
+            vmap_chunk=chunk, clients_per_round=3, lr=0.1)
+        out[mode] = P.clone(P.trainable(m))
+    (batch, objective, nbytes), = seen
+    assert isinstance(batch, dict) and {"input_ids", "labels"} <= set(batch)
+    assert objective.args[1].__self__.__class__.__name__ == "TextClassification"
+    assert nbytes > guard.PARAM_COPIES * 4 * sum(v.numel() for v in out["vmap"].values())  # activations counted
+    assert "loop.vmap_chunk auto: 2 clients per chunk" in capsys.readouterr().err
     for k, v in out["sequential"].items():
         torch.testing.assert_close(out["vmap"][k], v, rtol=1e-4, atol=1e-6)
 

@@ -166,3 +166,25 @@ def test_every_load_is_weights_only():
     for f in root.rglob("*.py"):
         for m in re.finditer(r"torch\.load\(([^)]*)\)", f.read_text()):
             assert "weights_only=True" in m.group(1) or "mmap" in m.group(1), f"{f}: {m.group(0)}"
+
+
+@pytest.mark.parametrize("drift,why", [(["--loop.lr", "0.1"], "loop.lr is 0.05 there and 0.1 here"),
+                                        (["--model.init_args.hidden", "[8]"], "shapes is ")])
+def test_resume_refuses_drift_exactly_once_with_one_message(tmp_path, capsys, monkeypatch, drift, why):
+    """One resume check (the fit driver's): a defining setting or the model's shapes changed since the checkpoint is
+    refused by one call of the check, with one message listing the difference, before any file is written."""
+    import fedlight.fitting
+    from fedlight.cli import main
+
+    out = str(tmp_path / "run")
+    assert main(["fit", "--config", TINY, "--out_dir", out, "--loop.rounds", "1"]) == 0
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run").iterdir()}
+    calls = []
+    check = fedlight.fitting.resume_problems
+    monkeypatch.setattr(fedlight.fitting, "resume_problems", lambda *a: calls.append(a) or check(*a))
+    capsys.readouterr()
+    assert main(["fit", "--config", TINY, "--out_dir", out, "--loop.rounds", "2", "--resume", "auto", *drift]) == 2
+    err = capsys.readouterr().err
+    assert len(calls) == 1
+    assert err.count("does not match this run") == 1 and why in err, err
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run").iterdir()} == before

@@ -128,7 +128,7 @@ def test_terminal_bar_shows_the_phase():
 
 def test_exploding_train_loss_warns_once_with_the_likely_cause(tmp_path, capsys):
     from fedlight.algorithms import FedAdamW
-    from fedlight.api import _lr_hint
+    from fedlight.config.settings import lr_hint as _lr_hint
 
     hint = _lr_hint(FedAdamW(), LoopConfig(lr=0.1))
     assert "`loop.lr` = 0.1" in hint and "FedAdamW" in hint
@@ -186,7 +186,7 @@ def test_snapshot_is_a_private_copy(tmp_path):
     clients, theta = problem()
     loop = make_loop(fedlight.create("fedavg"), clients, linear_model(theta), out_dir=tmp_path)
     loop.run_round(0)
-    snap = loop.checkpoint_state(1)
+    snap = loop.state.snapshot()
     before = {k: v.clone() for k, v in snap["params"].items()}
     for v in loop.x.values():
         v.add_(1.0)

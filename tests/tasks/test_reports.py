@@ -59,3 +59,26 @@ def test_a_table_metric_the_task_does_not_report_is_refused_before_any_run(tmp_p
         reproduce.check_task_metrics(regression | {"metric": "final_test_acc"})
     with pytest.raises(ConfigError, match="unknown metric"):
         report.check_metric("final_mse")
+
+
+def test_a_metric_direction_comes_from_the_task_only(regression_run, tmp_path):
+    """summary.json records every reported metric's direction as the task states it (R² up, MSE/MAE/loss down);
+    `fedlight report` reads a best_ value from the curve by that record, and refuses one the run did not record
+    instead of guessing from the name."""
+    import shutil
+
+    from fedlight.tasks import Regression
+
+    run, _ = regression_run
+    s = json.loads((run / "summary.json").read_text())
+    assert s["metric_directions"] == Regression().directions() == {
+        "test_mse": False, "test_mae": False, "test_r2": True, "test_loss": False}
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert report.metric_value(run, "best_test_r2") == max(r["test_r2"] for r in rows)
+    assert report.metric_value(run, "best_test_mae") == min(r["test_mae"] for r in rows)
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    (old / "summary.json").write_text(json.dumps({k: v for k, v in s.items() if k != "metric_directions"}))
+    assert report.metric_value(old, "best_test_mse") == min(r["test_mse"] for r in rows)  # the headline's own
+    with pytest.raises(ConfigError, match="does not record whether higher test_r2 is better"):
+        report.metric_value(old, "best_test_r2")

@@ -1,8 +1,10 @@
-"""FederatedLoop: everything that is engineering, not math.
+"""FederatedLoop: one round of federated training, everything that is engineering, not math.
 
-Owns Fabric, devices, precision, client sampling, seeds, the per-client state store, the local
-optimizer and lr schedule, aggregation across processes, evaluation, logging and checkpoints. It
-never special-cases an algorithm: it calls the rule contract of :mod:`fedlight.rules`.
+It advances a :class:`~fedlight.engine.state.LoopState` (global model, server state, client states, totals, rounds
+done) by one round: plan (sampling, dropout, which rank trains whom), train the clients through a client runner,
+share across ranks, reduce, ``server.update``. It owns Fabric, devices, precision, seeds, the local optimizer and
+its schedule, and never special-cases an algorithm: it calls the rule contract of :mod:`fedlight.core.rules`.
+Evaluation, checkpoints, resume and stops belong to the fit driver (:class:`~fedlight.engine.driver.FitDriver`).
 
 Multi-process simulation is client-parallel: each rank trains its share of the round's clients on its
 own copy of the one model instance; the weighted sums are all-reduced in float64. The model is
@@ -19,18 +21,27 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedlight import params as P
-from fedlight.aggregate import Accumulator, Reduced
-from fedlight.args import LoopConfig
-from fedlight.fitting import Diverged, Fitting
-from fedlight.rules import Algorithm, ClientResult, RoundInfo
+from fedlight.config.args import LoopConfig
+from fedlight.core import params as P
+from fedlight.core.params import Params
+from fedlight.core.rules import Algorithm, ClientResult, RoundInfo
+from fedlight.engine.aggregate import Accumulator, Reduced
+from fedlight.engine.client_store import ClientStateStore
+from fedlight.engine.sampling import assign_clients, client_fails, client_generator, sample_clients
+from fedlight.engine.state import LoopState
 from fedlight.run.files import fault, to_device
 from fedlight.run.round_row import RoundRow, client_entries
 from fedlight.runners import ClientJob, TrainSetup, select_runner
 from fedlight.runners.base import OptimizerFactory
-from fedlight.sampling import assign_clients, client_fails, client_generator, sample_clients
-from fedlight.state import ClientStateStore
-from fedlight.tasks import Classification, Task
+from fedlight.tasks import Task
+
+
+class Diverged(RuntimeError):
+    """Training produced a non-finite loss, update or model (``loop.on_nonfinite: stop``)."""
+
+    def __init__(self, round: int, what: str) -> None:
+        super().__init__(f"round {round + 1}: {what}")
+        self.round = round
 
 
 @dataclass
@@ -62,8 +73,8 @@ class Collected:
     layout: Any = None
 
 
-class FederatedLoop(Fitting):
-    """Runs ``cfg.rounds`` rounds of ``algorithm`` on ``model`` and ``data`` and writes the run record.
+class FederatedLoop:
+    """Trains the rounds of ``algorithm`` on ``model`` and ``data``: :meth:`run_round` advances :attr:`state`.
 
     Args:
         fabric: a launched ``lightning.Fabric``.
@@ -72,15 +83,15 @@ class FederatedLoop(Fitting):
         algorithm: the rule pair.
         cfg: loop settings.
         seed: the run seed; every random stream derives from it.
-        out_dir: the run directory.
-        task: the :class:`~fedlight.tasks.Task` (objective and evaluation); default classification.
+        out_dir: the run directory (spilled client states go under it).
+        task: the run's :class:`~fedlight.tasks.Task` (client objective, evaluation), e.g. ``data.default_task()``.
         optimizer: the local optimizer factory, replacing ``cfg.optimizer``'s (a LightningModule's own).
     """
 
     def __init__(self, fabric, model: nn.Module, data, algorithm: Algorithm, cfg: LoopConfig, seed: int,
-                 out_dir: Path, task: Task | None = None, optimizer: OptimizerFactory | None = None) -> None:
+                 out_dir: Path, task: Task, optimizer: OptimizerFactory | None = None) -> None:
         self.fabric, self.data, self.algorithm, self.cfg, self.seed = fabric, data, algorithm, cfg, seed
-        self.task = task if task is not None else Classification()
+        self.task = task
         self.task.setup(data)  # learns what it needs from the data (e.g. the number of classes)
         self.out_dir = Path(out_dir)
         self.device = fabric.device
@@ -91,31 +102,55 @@ class FederatedLoop(Fitting):
         self.local, self.server = algorithm.local, algorithm.server
         self.live = P.trainable(self.model)
         self.live_buffers = P.float_buffers(self.model)
-        # BatchNorm step counters: never averaged; advanced by one client's K per round. Other integer buffers
-        # (e.g. Swin's relative_position_index) are constants and are left alone.
-        self.int_buffers = {n: b for n, b in self.model.named_buffers() if n.endswith("num_batches_tracked")}
         if fabric.world_size > 1:  # every rank starts from rank 0's initial model
             with torch.no_grad():
                 for t in [*self.live.values(), *self.live_buffers.values()]:
                     torch.distributed.broadcast(t.data, src=0)
-        self.x = P.clone(self.live)
-        self.buffers = P.clone(self.live_buffers)
-        budget = None if cfg.state_budget_mb is None else int(cfg.state_budget_mb * 2**20)
-        spill = self.out_dir / "client_state" / f"rank{fabric.global_rank}" if budget is not None else None
-        self.store = ClientStateStore(self.device if cfg.state_device == "device" else "cpu", budget_bytes=budget,
-                                      spill_dir=spill)
-        self.server.setup(self.x)
-        self.start_round = 0
-        self._last_row: dict[str, Any] | None = None
-        self.diverged_at: int | None = None
-        self._round_done = 0
-        self.totals = {"bytes_up": 0, "bytes_down": 0, "wall_time_s": 0.0}
+        x = P.clone(self.live)
+        self.server.setup(x)
+        self.state = LoopState(params=x, buffers=P.clone(self.live_buffers), int_buffers=_step_counters(self.model),
+                               server=self.server, store=self._store(), meta=self._meta(x))
         setup = TrainSetup(model=self.model, local=self.local, fabric=fabric,
                            optimizer=optimizer or cfg.optimizer_factory(), task=self.task,
                            max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay, seed=seed)
-        name = getattr(algorithm, "name", type(algorithm).__name__)
-        self.runner, self.runner_reason = select_runner(cfg, setup, name)
+        self.runner, self.runner_reason = select_runner(cfg, setup, self.state.meta["algorithm"])
         self.custom_aggregate = self.server.aggregates_itself()
+
+    def _store(self) -> ClientStateStore:
+        cfg = self.cfg
+        budget = None if cfg.state_budget_mb is None else int(cfg.state_budget_mb * 2**20)
+        spill = self.out_dir / "client_state" / f"rank{self.fabric.global_rank}" if budget is not None else None
+        return ClientStateStore(self.device if cfg.state_device == "device" else "cpu", budget_bytes=budget,
+                                spill_dir=spill)
+
+    def _meta(self, x: Params) -> dict[str, Any]:
+        """What a checkpoint must agree on to continue this run."""
+        return {"algorithm": getattr(self.algorithm, "name", type(self.algorithm).__name__),
+                "model": type(self.model).__name__, "shapes": {k: list(v.shape) for k, v in x.items()},
+                "num_clients": self.data.num_clients, "seed": self.seed}
+
+    # ----------------------------------------------------------------------------------------- the state
+    @property
+    def x(self) -> Params:
+        """``x_r``: the global parameters (``state.params``)."""
+        return self.state.params
+
+    @property
+    def buffers(self) -> Params:
+        return self.state.buffers
+
+    @property
+    def int_buffers(self) -> Params:
+        return self.state.int_buffers
+
+    @property
+    def store(self) -> ClientStateStore:
+        return self.state.store
+
+    def load_global(self) -> None:
+        """Copy the global parameters and buffers into the model (to evaluate it or save it)."""
+        P.copy_(self.live, self.state.params)
+        P.copy_(self.live_buffers, self.state.buffers)
 
     # ----------------------------------------------------------------------------------------- schedule
     def num_steps(self, client_id: int) -> int:
@@ -128,35 +163,42 @@ class FederatedLoop(Fitting):
 
     # ----------------------------------------------------------------------------------------- a round
     def run_round(self, r: int) -> dict[str, Any]:
-        """Plan → train this rank's clients → share across ranks → reduce → ``server.aggregate`` (if the rule
-        overrides it) → ``server.update``. Returns the round's metrics row."""
-        t0 = time.perf_counter()
+        """Round ``r`` (``state.rounds_done``, 0-based): plan → train this rank's clients → share across ranks →
+        reduce → ``server.aggregate`` (if the rule overrides it) → ``server.update``. Afterwards
+        ``state.rounds_done == r + 1``. Returns the round's metrics row."""
+        st, t0 = self.state, time.perf_counter()
         plan = self.plan(r)
         self.task.begin_round(plan.info)
-        counts = {k: b.clone() for k, b in self.int_buffers.items()}
-        got = self._collect(self.runner.train(self.jobs(plan), plan.info, self.buffers), plan)
-        P.copy_(self.int_buffers, counts)  # clients' forward passes do not count; the round advances them below
+        counts = {k: b.clone() for k, b in st.int_buffers.items()}
+        got = self._collect(self.runner.train(self.jobs(plan), plan.info, st.buffers), plan)
+        P.copy_(st.int_buffers, counts)  # clients' forward passes do not count; the round advances them below
         t_train = time.perf_counter()
         got = self._exchange(got)
         if got.layout is None:  # nobody reported: the model and the server state stay as they are
+            st.rounds_done = r + 1
             return RoundRow.of(plan, got).timed(t0, t_train).as_dict()
         got.acc.ensure(got.layout)
         red = got.acc.reduce(self.fabric)
-        agg = self._aggregate(red, got)
-        for c, st in got.states.items():
-            self.store.put(c, st)
-        x_old = self.x
-        x_new = self.server.update(self.x, agg, replace(plan.info, sampled=sorted(c["id"] for c in got.clients)))
+        x_old = st.params
+        self._advance(r, red, got, plan)
+        row = RoundRow.of(plan, got)
+        row.measure(red, st.params, x_old, got.start if got.start is not None else x_old, self.server.diagnostics())
+        return row.timed(t0, t_train).as_dict()
+
+    def _advance(self, r: int, red: Reduced, got: Collected, plan: RoundPlan) -> None:
+        """The state after round ``r``: client states stored, ``x_{r+1}``, averaged buffers, step counters."""
+        st, agg = self.state, self._aggregate(red, got)
+        for c, s in got.states.items():
+            st.store.put(c, s)
+        x_new = self.server.update(st.params, agg, replace(plan.info, sampled=sorted(c["id"] for c in got.clients)))
         if not bool(P.is_finite(x_new)):
             raise Diverged(r, "the global model became non-finite")
-        self.x = x_new
+        st.params = x_new
         if self.cfg.aggregate_buffers and red.buffers:
-            self.buffers = {k: v.to(self.buffers[k].dtype) for k, v in red.buffers.items()}
-        for b in self.int_buffers.values():
+            st.buffers = {k: v.to(st.buffers[k].dtype) for k, v in red.buffers.items()}
+        for b in st.int_buffers.values():
             b += round(plan.info.num_steps)
-        row = RoundRow.of(plan, got)
-        row.measure(red, self.x, x_old, got.start if got.start is not None else x_old, self.server.diagnostics())
-        return row.timed(t0, t_train).as_dict()
+        st.rounds_done = r + 1
 
     def plan(self, r: int) -> RoundPlan:
         cfg = self.cfg
@@ -176,8 +218,8 @@ class FederatedLoop(Fitting):
         for c in plan.mine:
             K = self.num_steps(c)
             out.append(ClientJob(
-                client_id=c, broadcast=self.server.broadcast(self.x, plan.info, c),
-                state=self.store.get(c, self.device), num_steps=K, batch_sizes=self.data.batch_sizes(c, K),
+                client_id=c, broadcast=self.server.broadcast(self.state.params, plan.info, c),
+                state=self.state.store.get(c, self.device), num_steps=K, batch_sizes=self.data.batch_sizes(c, K),
                 num_samples=self.data.num_samples(c),
                 batches=lambda c=c, K=K: self.data.client_batches(c, K, client_generator(self.seed, r, c))))
         return out
@@ -229,3 +271,9 @@ class FederatedLoop(Fitting):
         agg = self.server.aggregate([res for _, res in got.results], self.server.weighting or self.cfg.weighting)
         agg.metrics = red.result.metrics
         return agg
+
+
+def _step_counters(model: nn.Module) -> Params:
+    """BatchNorm step counters: never averaged; advanced by one client's K per round. Other integer buffers (e.g.
+    Swin's relative_position_index) are constants and are left alone."""
+    return {n: b for n, b in model.named_buffers() if n.endswith("num_batches_tracked")}

@@ -13,8 +13,8 @@ import inspect
 from pathlib import Path
 from typing import Any
 
+from fedlight.core.registry import closest
 from fedlight.errors import ConfigError
-from fedlight.registry import closest
 
 # recipe key -> (package whose classes it names, `fedlight ls` section, class attribute listing the names)
 GROUPS: dict[str, tuple[str, str, str]] = {
@@ -33,7 +33,7 @@ def class_path(group: str, value: str) -> str:
         return value
     package, section, attr = GROUPS[group]
     if group == "algorithm":
-        from fedlight.registry import get_algorithm
+        from fedlight.core.registry import get_algorithm
 
         try:
             return f"{package}.{get_algorithm(value).cls.__name__}"

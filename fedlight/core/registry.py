@@ -1,4 +1,7 @@
-"""Register once, list everywhere: the registry feeds ``fedlight ls``, the contract tests and the docs table."""
+"""Register once, list everywhere: the registry feeds ``fedlight ls``, the contract tests and the docs table.
+
+fedlight's own algorithms register when ``fedlight`` is imported (its ``__init__`` imports :mod:`fedlight.algorithms`),
+so the registry never imports the rules that use it."""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ _REGISTRY: dict[str, AlgorithmSpec] = {}
 
 def register(name: str, *, paper: str, backprops: int = 1, comm: tuple[float, float] = (1, 1),
              stateful_clients: bool = False):
-    """Class decorator: register an :class:`~fedlight.rules.Algorithm` subclass under ``name``."""
+    """Class decorator: register an :class:`~fedlight.core.rules.Algorithm` subclass under ``name``."""
 
     def deco(cls):
         if name in _REGISTRY and _REGISTRY[name].cls is not cls:
@@ -39,12 +42,7 @@ def register(name: str, *, paper: str, backprops: int = 1, comm: tuple[float, fl
     return deco
 
 
-def _load() -> None:
-    import fedlight.algorithms  # noqa: F401  (registers every algorithm)
-
-
 def list_algorithms(pattern: str = "*") -> list[str]:
-    _load()
     return sorted(n for n in _REGISTRY if fnmatch.fnmatch(n, pattern))
 
 
@@ -75,7 +73,6 @@ def closest(word: str, candidates, what: str = "") -> str:
 def get_algorithm(name: str) -> AlgorithmSpec:
     """The algorithm registered as ``name``; its class name and any letter case work too (``fedadamw``,
     ``FedAdamW``, ``FEDADAMW``, ``local-adam``). An unknown name is a :class:`ConfigError` naming the closest one."""
-    _load()
     if name in _REGISTRY:
         return _REGISTRY[name]
     folded = {_fold(s.cls.__name__): s for s in _REGISTRY.values()} | {_fold(n): s for n, s in _REGISTRY.items()}

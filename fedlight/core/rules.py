@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlight import params as P
-from fedlight.params import Params
-from fedlight.spec import remember_init_args
+from fedlight.config.spec import remember_init_args
+from fedlight.core import params as P
+from fedlight.core import precision as precisions
+from fedlight.core.params import Params
 
 
 @dataclass
@@ -103,7 +104,10 @@ class LocalContext:
     """Joint L2 clip applied to the full direction ``d`` before the optimizer step; ``None`` disables."""
     fabric: Any = None
     """A ``lightning.Fabric`` for precision handling; ``None`` runs plain fp32 PyTorch."""
-    objective: Callable[[nn.Module, Any], Tensor] = cross_entropy
+    objective: Callable[[nn.Module, Any], Tensor] | None = None
+    """``objective(model, batch)`` → the mean training loss: the run's task's (the loop sets it; a script of your
+    own passes one, e.g. :func:`cross_entropy` or ``fedlight.tasks.Regression().objective``). Required by
+    :meth:`loss`: there is no default task."""
     step_index: int = 0
     """``k``: local steps taken so far (advanced by :meth:`apply`)."""
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -114,21 +118,22 @@ class LocalContext:
     """Per-client working memory of a rule for this round (not persisted)."""
 
     def __post_init__(self) -> None:
-        self._plain = self.fabric is None or _plain_precision(self.fabric.strategy.precision)
+        self._plain = precisions.plugin(self.fabric) is None
 
     def loss(self, model: nn.Module, batch: Any) -> Tensor:
-        """Forward pass under the Fabric precision context."""
+        """``objective(model, batch)`` under the Fabric precision plugin."""
+        if self.objective is None:
+            raise TypeError("LocalContext.objective is not set: pass the task's objective, e.g. "
+                            "`objective=fedlight.core.rules.cross_entropy` for (x, y) classification batches")
         if self._plain:
             return self.objective(model, batch)
-        precision = self.fabric.strategy.precision
-        with precision.forward_context():
-            return self.objective(model, precision.convert_input(batch))
+        return precisions.forward(self.fabric, self.objective, model, batch)
 
     def forward_backward(self, model: nn.Module, batch: Any) -> Tensor:
         """Loss at the current parameters; leaves the true-scale gradient ``g`` in ``.grad``.
 
-        A loss with a client dimension (stacked clients, :mod:`fedlight.stacked`) is summed for the backward: clients
-        share no parameter, so each one's gradient lands in its own slice."""
+        A loss with a client dimension (stacked clients, :mod:`fedlight.runners.stacked`) is summed for the backward:
+        clients share no parameter, so each one's gradient lands in its own slice."""
         loss = self.loss(model, batch)
         total = loss if loss.dim() == 0 else loss.sum()
         if self._plain:
@@ -169,13 +174,6 @@ class LocalContext:
             group["lr"] = lr
 
 
-def _plain_precision(precision: Any) -> bool:
-    """Lightning's base ``Precision`` (``32-true``): its forward context, input conversion, backward and optimizer
-    step are plain PyTorch, so the per-step wrappers (tens of µs, every step) can be skipped."""
-    cls = type(precision)
-    return cls.__name__ == "Precision" and cls.__module__ == "lightning.fabric.plugins.precision.precision"
-
-
 class LocalUpdateRule:
     """Client half of an algorithm: turns the broadcast into ``Δ_i``. The defaults are FedAvg.
 
@@ -186,8 +184,9 @@ class LocalUpdateRule:
     needs_true_grad_norm: bool = False
     """True for rules that take gradient norms (SAM family): they refuse ``16-mixed`` precision."""
     stacked_unsupported: str | None = None
-    """Why this rule cannot train stacked clients (``loop.client_parallelism: vmap``, :mod:`fedlight.stacked`);
-    ``None``: it can (its math is elementwise or goes through the per-client helpers of :mod:`fedlight.params`)."""
+    """Why this rule cannot train stacked clients (``loop.client_parallelism: vmap``,
+    :mod:`fedlight.runners.stacked`); ``None``: it can (its math is elementwise or goes through the per-client
+    helpers of :mod:`fedlight.core.params`)."""
 
     def make_optimizer(self, params: list[Tensor], lr: float, default: Callable[..., torch.optim.Optimizer]):
         """The local optimizer for one client's round; default: the loop's (SGD, wd 1e-3)."""
@@ -272,7 +271,7 @@ class Algorithm:
     """A ``LocalUpdateRule`` + ``ServerRule`` pair, holding the hyperparameters both halves share.
 
     Subclasses build ``self.local`` and ``self.server`` in ``__init__`` from typed arguments (the recipe's
-    ``algorithm.init_args``) and are registered with :func:`fedlight.registry.register`.
+    ``algorithm.init_args``) and are registered with :func:`fedlight.core.registry.register`.
     """
 
     local: LocalUpdateRule

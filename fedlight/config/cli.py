@@ -1,27 +1,33 @@
 """The ``fedlight`` command line: ``fit``, ``ls``, ``partition`` (and more as they land).
 
-``fedlight fit`` is generated from :func:`fedlight.api.fit`'s signature (jsonargparse): every
+``fedlight fit`` is generated from :func:`fedlight.config.api.fit`'s signature (jsonargparse): every
 parameter is a YAML key and a dotted flag (``--loop.rounds 3``); field docstrings are the help text.
 Bad input ends with one readable line on stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 import sys
 import textwrap
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from fedlight.config.explain import explain as _explain
+from fedlight.core.registry import closest
 from fedlight.errors import ConfigError
 from fedlight.run.stops import EXIT_STATUSES, Stopped
 
 # name -> ("module:function", one help line). Resolved on use, so `fedlight ls` imports no research tooling.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "fit": ("fedlight.cli:cmd_fit", "train one recipe:  fedlight fit --config recipes/X.yaml [--loop.rounds 3 ...]"),
-    "ls": ("fedlight.cli:cmd_ls", "list algorithms, models, datasets, partitioners, tasks and recipes"),
-    "partition": ("fedlight.cli:cmd_partition", "print per-client sizes and class histograms of a recipe's split"),
+    "fit": ("fedlight.config.cli:cmd_fit",
+            "train one recipe:  fedlight fit --config recipes/X.yaml [--loop.rounds 3 ...]"),
+    "ls": ("fedlight.config.cli:cmd_ls", "list algorithms, models, datasets, partitioners, tasks and recipes"),
+    "partition": ("fedlight.config.cli:cmd_partition",
+                  "print per-client sizes and class histograms of a recipe's split"),
     "reproduce": ("fedlight.lab.reproduce:cmd_reproduce", "run a paper table: fedlight reproduce TABLE.yaml"),
     "report": ("fedlight.lab.report:cmd_report", "compare finished runs (table + curves.png): fedlight report RUN..."),
     "landscape": ("fedlight.lab.flatness_cli:cmd_landscape",
@@ -37,7 +43,6 @@ USAGE = "usage: fedlight <command> [options]\n\ncommands:\n" + "".join(
 
 def command(name: str) -> Callable[[list[str]], int]:
     """The function behind subcommand ``name`` (imports its module now)."""
-    import importlib
 
     module, _, fn = COMMANDS[name][0].partition(":")
     return getattr(importlib.import_module(module), fn)
@@ -68,11 +73,10 @@ Recipes to start from: fedlight ls recipes."""
 def _parser(prog: str, docs: bool = True):
     """The ``fit`` parser; ``docs``: read field docstrings for the help text (a second of parsing source code, so
     only when help is asked for)."""
-    import re
 
     from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter, set_parsing_settings
 
-    from fedlight import api
+    from fedlight.config import api
 
     class Formatter(DefaultHelpFormatter):
         """The recipe schema verbatim; `fedlight ls X` instead of every importable subclass of nn.Module."""
@@ -100,8 +104,7 @@ def _parse(prog: str, argv: list[str]):
     """Parse and instantiate a recipe + overrides; returns (init kwargs, resolved config YAML)."""
     from jsonargparse import ArgumentError
 
-    import fedlight.algorithms  # noqa: F401 - registers algorithms; makes short names resolvable
-    from fedlight import advice, flags
+    from fedlight.config import advice, flags
 
     argv = flags.resolve_names(argv)
     flags.check_keys(argv)
@@ -124,79 +127,6 @@ def _parse(prog: str, argv: list[str]):
     return kwargs, text
 
 
-def _flags(parser) -> list[str]:
-    return [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
-
-
-def _unknown(msg: str, parser) -> str | None:
-    """The nearest key for ``unrecognized arguments: --loop.round 5`` or ``Group 'loop' does not accept ...``."""
-    import re
-
-    from fedlight.registry import closest
-
-    flag = re.search(r"unrecognized arguments: (--[^\s=]+)", msg)
-    if flag:
-        f = flag.group(1)
-        return (f"`{f}` is not a setting{closest(f, _flags(parser))} (every setting: `fedlight fit --help`; "
-                "prefixes are not expanded)")
-    group = re.search(r"Group '([^']+)' does not accept option '([^']+)'", msg)
-    if group:
-        g, key = group.groups()
-        keys = [f[len(g) + 3:] for f in _flags(parser) if f.startswith(f"--{g}.")]
-        return f"`{g}.{key}` is not a setting{closest(key, keys)} (every `{g}` key: `fedlight fit --help`)"
-    return None
-
-
-def _explain(e: BaseException, parser=None) -> str:
-    """One readable message: the root ConfigError if there is one, else the most specific parser reason."""
-    import re
-
-    c: BaseException | None = e
-    while c is not None:
-        if isinstance(c, ConfigError):
-            return str(c)
-        c = c.__cause__ or c.__context__
-    msg = str(e)
-    for line in msg.splitlines():  # a ConfigError message reported inside a union-validation error
-        if line.strip().startswith("- `"):
-            return line.strip()[2:]
-    if msg.strip().startswith("Unexpected config"):
-        return "`--config` is empty or is not a mapping of settings (model, data, algorithm, loop, ...)"
-    unknown = _unknown(msg, parser) if parser is not None else None
-    if unknown:
-        return unknown
-    missing = re.search(r"module '(fedlight\.\w+)' has no attribute '(\w+)'", msg)
-    if missing:
-        from fedlight.flags import GROUPS
-        from fedlight.registry import closest
-
-        package, name = missing.groups()
-        for pkg, section, attr in GROUPS.values():
-            if pkg == package:
-                near = closest(name, getattr(sys.modules[pkg], attr), f"{pkg}.")
-                where = re.search(r'Parser key "([^"]+)"', msg)
-                return (f"{f'`{where.group(1)}`: ' if where else ''}{package}.{name} is not a known class{near} "
-                        f"(list them with `fedlight ls {section}`)")
-    keys = re.findall(r'Parser key "([^"]+)"', msg)
-    reasons = [ln.strip() for ln in msg.splitlines() if "Got value" in ln or "not accepted" in ln]
-    if len(keys) > 1 and reasons:
-        return f"`{'.'.join(keys)}`: {reasons[-1]}"
-    key = re.search(r'Parser key "([^"]+)"', msg)
-    given = re.search(r"Given value: (\S+)$", msg.strip())
-    if key and given and key.group(1) in ("algorithm", "model", "data", "data.partition"):
-        import importlib
-
-        from fedlight.flags import GROUPS
-        from fedlight.registry import closest
-
-        package, section, attr = GROUPS[key.group(1)]
-        value = given.group(1).strip("'\"")
-        near = closest(value.rsplit(".", 1)[-1], getattr(importlib.import_module(package), attr), f"{package}.")
-        return (f"`{key.group(1)}`: {value!r} is not a known class{near} (list them with `fedlight ls {section}`)")
-    lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
-    return lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
-
-
 def cpu_threads(accelerator: str) -> None:
     """On CPU, one intra-op thread per process unless ``OMP_NUM_THREADS`` says otherwise.
 
@@ -214,7 +144,7 @@ def cpu_threads(accelerator: str) -> None:
 
 
 def cmd_fit(argv: list[str]) -> int:
-    from fedlight import api
+    from fedlight.config import api
 
     kwargs, text = _parse("fedlight fit", argv)
     cpu_threads(kwargs.get("accelerator", "auto"))
@@ -257,7 +187,7 @@ def cmd_partition(argv: list[str]) -> int:
 
 
 def cmd_ls(argv: list[str]) -> int:
-    from fedlight.catalog import listing
+    from fedlight.config.catalog import listing
 
     what = argv[0] if argv else "all"
     print(listing(what))
@@ -280,8 +210,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
-        from fedlight.registry import closest
-
         print(f"fedlight: error: unknown command {cmd!r}{closest(cmd, COMMANDS)} (commands: {', '.join(COMMANDS)})",
               file=sys.stderr)
         return 2
@@ -308,7 +236,7 @@ def _rank() -> int:
 
 
 def recipes_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "recipes"
+    return Path(__file__).resolve().parents[2] / "recipes"
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Sums are kept in float64, so the order in which clients are added (which depends
 processes) changes the result by far less than one float32 ulp: 1 and N processes agree.
 
 What is summed is a small tree: ``delta``, ``extras``, ``buffers`` and the rule's ``metrics`` (from
-:class:`~fedlight.rules.ClientResult`) beside the loop's own statistics (``stats``: training loss, weighted
+:class:`~fedlight.core.rules.ClientResult`) beside the loop's own statistics (``stats``: training loss, weighted
 ``‖Δ‖²``) and scalar counters. The tree is flattened by its key paths for the all-reduce; no key carries
 meaning in its spelling.
 """
@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedlight import params as P
-from fedlight.params import Params
-from fedlight.rules import ClientResult
+from fedlight.core import params as P
+from fedlight.core.params import Params
+from fedlight.core.rules import ClientResult
 from fedlight.runners.base import ClientOutcome
 
 Path = tuple[str, ...]

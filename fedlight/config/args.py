@@ -125,19 +125,21 @@ class LoopConfig:
     skip_client (drop that client's update for the round, count it, go on)."""
     client_dropout: float = 0.0
     """Probability that a sampled client fails to report (seeded by (seed, round, client)); its state is untouched."""
-    client_parallelism: Literal["auto", "sequential", "vmap"] = "auto"
+    client_parallelism: Literal["auto", "sequential", "vmap", "streams"] = "auto"
     """How each process runs its clients (the runner; the run's log says which ran and why). auto: vmap + compile
     on a CUDA device when the rule and model allow it, else sequential. sequential: one after another on one
     model. vmap: together, stacked along a client dimension (torch.func.vmap + functional_call; memory grows with
     the chunk); clients go together when their step count, batch sizes and state keys agree; rules that cannot run
-    stacked are refused before training."""
+    stacked are refused before training. streams: a model copy per client of a chunk (``vmap_chunk``), their steps
+    interleaved on CUDA streams (plain, not grouped, convolutions; every rule; exact)."""
     vmap_chunk: int | str | None = None  # str, not Literal["auto"]: a wrong value gets the check's message
     """Stacked runner only: at most this many clients trained together (bounds memory); null: all of a group; auto:
     as many as fit in the free memory by the model's measured per-client footprint. A chunk that runs out of memory
     is halved and redone (same numbers)."""
     channels_last: bool = False
     """Keep convolution weights and 4-D input batches in channels-last memory format (faster tensor-core
-    convolutions on GPU; no effect on the math)."""
+    convolutions on GPU; no effect on the math). The stacked runner then also keeps its grouped convolutions
+    channels-last end to end."""
     compile: bool | str | None = None
     """torch.compile the client computation: the model (sequential) or the stacked loss (vmap). true: inductor;
     a mode ("reduce-overhead" for CUDA graphs, on CPU the same as true; "max-autotune") or a backend name

@@ -8,7 +8,7 @@ from fedlight.errors import ConfigError
 
 
 def algorithm_rows() -> list[tuple[str, str, str, str, str]]:
-    from fedlight.registry import get_algorithm, list_algorithms
+    from fedlight.core.registry import get_algorithm, list_algorithms
 
     rows = []
     for name in list_algorithms():
@@ -28,7 +28,7 @@ def _names(module: str, attr: str) -> list[str]:
     return list(getattr(mod, attr))
 
 
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 
 def recipe_paths() -> list[Path]:
@@ -55,7 +55,7 @@ def listing(what: str = "all") -> str:
     if what == "all":
         return "\n\n".join(f"{k}:\n{v()}" for k, v in sections.items())
     if what not in sections:
-        from fedlight.registry import closest
+        from fedlight.core.registry import closest
 
         raise ConfigError(f"`fedlight ls` takes one of {', '.join(sections)} (or nothing), got {what!r}"
                           f"{closest(what, sections)}")
@@ -74,5 +74,5 @@ def readme_with_table(text: str) -> str:
     return f"{head}{_START}{marker_line}\n{algorithm_table_markdown()}{_END}{after}"
 
 
-if __name__ == "__main__":  # python -m fedlight.catalog  → refresh the README's algorithm table
+if __name__ == "__main__":  # python -m fedlight.config.catalog  → refresh the README's algorithm table
     README.write_text(readme_with_table(README.read_text()))

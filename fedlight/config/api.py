@@ -1,0 +1,277 @@
+"""``fit``: the Python entry point. Its typed signature is the recipe schema (the CLI is generated from it).
+
+``fit`` resolves a :class:`Plan` (model, data, rule, task, settings, run directory, the checkpoint to resume), then
+builds the engine — :class:`~fedlight.engine.loop.FederatedLoop` inside a :class:`~fedlight.engine.driver.FitDriver`
+— refuses what does not fit before any file is written, and runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch import LightningDataModule
+from torch import nn
+
+from fedlight.algorithms import FedAvg
+from fedlight.config import resume as resumes
+from fedlight.config import settings as recorded
+from fedlight.config.advice import check_scales
+from fedlight.config.args import LoopConfig
+from fedlight.config.spec import build, describe
+from fedlight.core.rules import Algorithm
+from fedlight.data import FederatedDataModule, as_federated
+from fedlight.engine.driver import FitDriver
+from fedlight.engine.loop import FederatedLoop
+from fedlight.errors import ConfigError, check
+from fedlight.run import stops
+from fedlight.run.directory import settings_hash, split_settings
+from fedlight.run.files import is_fraction
+from fedlight.run.record import RunRecord
+from fedlight.tasks import Task, resolve_task
+
+PRECISIONS = ("32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed")
+
+
+@dataclass
+class Plan:
+    """What ``fit`` resolved before the engine is built: the parts, the settings, where the run lives and the
+    checkpoint it continues from."""
+
+    model: nn.Module
+    data: FederatedDataModule
+    algorithm: Algorithm
+    task: Task | None
+    """As given (``None``: resolved with the data, see :func:`~fedlight.tasks.resolve_task`)."""
+    loop: LoopConfig
+    seed: int
+    accelerator: str
+    precision: str
+    text: str
+    """The resolved recipe (``config.yaml``)."""
+    defining: dict[str, Any]
+    """Settings that define the run (hashed into the default directory name; a resume must agree on them)."""
+    execution: dict[str, Any]
+    """Settings that may change between segments of a run."""
+    out: Path
+    ckpt_path: Path | None = None
+    ckpt: dict[str, Any] | None = None
+    clear: bool = False
+    """Clear ``out`` before the first write (``--overwrite``, or a failed start's directory)."""
+
+
+def fit(
+    model: nn.Module,
+    data: FederatedDataModule | LightningDataModule,
+    algorithm: Algorithm | None = None,
+    loop: LoopConfig = LoopConfig(),  # noqa: B008 - a frozen-by-convention default; jsonargparse reads it
+    seed: int = 0,
+    out_dir: str | None = None,
+    accelerator: str = "auto",
+    devices: int = 1,
+    num_nodes: int = 1,
+    precision: str | None = None,
+    resume: str | None = None,
+    overwrite: bool = False,
+    task: Task | None = None,
+    _config_text: str | None = None,
+) -> dict[str, Any]:
+    """Train ``model`` federatedly with ``algorithm`` on ``data`` and write the run record to ``out_dir``.
+
+    Args:
+        model: the network: a plain ``nn.Module`` (e.g. ``fedlight.models.ResNet18``) or a ``LightningModule``, whose
+            ``training_step`` is then the client objective, ``test_step`` (else ``validation_step``) with
+            ``self.log`` the evaluation and ``configure_optimizers`` the local optimizer (unless the rule brings
+            its own). From Python it may also be a class-path spec ``{"class_path": ..., "init_args": {...}}``:
+            ``fit`` then builds it after ``torch.manual_seed(seed)`` (as the CLI does) and records it in
+            ``config.yaml``.
+        data: a federated data module: dataset + partition (e.g. ``fedlight.data.CIFAR10``), or a
+            ``LightningDataModule`` (wrapped in :class:`fedlight.data.DataModuleClients` with its defaults; wrap it
+            yourself to choose the clients and the partition).
+        algorithm: the federated rule pair (e.g. ``fedlight.algorithms.FedNSAM``); default FedAvg.
+        loop: rounds, sampling, local steps, optimizer, schedule, evaluation and checkpoint settings.
+        seed: every random stream (sampling, data order, augmentation, init) derives from it.
+        out_dir: run directory; default ``runs/<algorithm>_<model>_<data>_s<seed>-<hash>``, the hash taken over the
+            settings that define the run (so runs that differ never share a directory). Locked while a run uses it.
+        accelerator: ``cpu``, ``cuda``, ``gpu`` or ``auto``.
+        devices: processes per node (client-parallel; ``ddp`` launcher, gloo on CPU, nccl on GPU).
+        num_nodes: machines, through Fabric's launcher.
+        precision: ``32-true`` (CPU default), ``bf16-mixed`` (GPU default), ``64-true``, ``bf16-true``, ``16-mixed``.
+        resume: ``auto`` (continue from ``out_dir/checkpoints/last.ckpt`` when it exists) or a checkpoint path. A
+            checkpoint whose defining settings differ from this run's is refused with the list of differences;
+            execution-only settings (devices, parallelism, checkpoint cadence, ...; see
+            :mod:`fedlight.run.directory`) may change and are recorded per segment in ``summary.json``.
+        overwrite: start over in an existing, non-empty run directory.
+        task: what the model is trained and evaluated for (:mod:`fedlight.tasks`: ``Classification``,
+            ``Regression``, ``TextClassification``, ``LanguageModeling``); default: a LightningModule's own,
+            else the data module's (classification for fedlight's datasets).
+
+    Returns:
+        The summary (also written to ``out_dir/summary.json``).
+
+    Raises:
+        fedlight.run.stops.Stopped: ``SIGTERM``, ``SIGINT`` or ``SIGUSR1`` arrived; the run stopped after the round in
+            progress with that round's checkpoint on disk (``--resume auto`` continues it).
+        fedlight.run.stops.RunDirError: a write to ``out_dir`` failed during the run; the message names the file and
+            the last complete checkpoint.
+    """
+    plan = _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, _config_text,
+                 (devices, num_nodes))
+    plan.ckpt_path, plan.ckpt, plan.clear = resumes.start(plan.out, resume, overwrite, plan.defining)
+    fabric = _fabric(plan.accelerator, devices, num_nodes, plan.precision)
+    record = RunRecord(plan.out, rank0=fabric.global_rank == 0, rounds=loop.rounds, progress=loop.progress,
+                       hint=recorded.lr_hint(plan.algorithm, loop))
+    _agree(fabric, record.acquire)
+    refused = True
+    try:
+        driver = _prepare(fabric, plan, record)
+        _annotate(record, driver.loop, plan)
+        record.watch.hint = getattr(driver.loop.task, "hint", None) or record.watch.hint  # the optimizer really used
+        refused = False
+        effective = driver.loop.task.effective  # what trained, where the loop settings do not apply
+        text = plan.text + (f"# fedlight: local optimization used: {effective}\n" if effective else "")
+        record.open(text, plan.data, overwrite=plan.clear and plan.ckpt is None, fresh=plan.ckpt is None)
+        with stops.stop_signals(), stops.disk_guard(record):  # clean stops on signals and failed writes
+            return driver.fit()
+    except Exception as e:  # the user's own code (a LightningModule's hook) raised mid-run: its frames, what is kept
+        from fedlight.tasks.lightning_errors import user_code_error
+
+        if refused or (mine := user_code_error(e, record)) is None:
+            raise
+        raise mine from None
+    finally:
+        record.close(refused=refused)
+
+
+def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, text, world) -> Plan:
+    """Check the arguments, build a model given as a spec, describe the recipe and name the run directory."""
+    algorithm = algorithm if algorithm is not None else _default_algorithm()
+    data = as_federated(data)
+    _check_args(algorithm, data, loop, *world)
+    accelerator, precision = _resolve_device(accelerator, precision, algorithm)
+    model, text = _model_and_config(model, data, algorithm, task, loop, seed, precision, text)
+    defining, execution = split_settings(recorded.settings(text, precision))
+    name = f"{recorded.default_name(algorithm, model, data, seed)}-{settings_hash(defining)}"
+    return Plan(model=model, data=data, algorithm=algorithm, task=task, loop=loop, seed=seed, accelerator=accelerator,
+                precision=precision, text=text, defining=defining, execution=execution,
+                out=Path(out_dir) if out_dir else Path("runs") / name)
+
+
+def _annotate(record: RunRecord, loop: FederatedLoop, plan: Plan) -> None:
+    """What the run record adds to the summary: settings, segments, hyperparameters."""
+    record.extra = {"settings": json.dumps(plan.defining, default=str)}
+    record.segments = recorded.segments(plan.ckpt, loop.state.rounds_done, plan.execution)
+    record.hparams = recorded.hparams(loop.algorithm, loop.cfg, plan.seed)
+    if loop.fabric.global_rank == 0:
+        print(f"fedlight: run directory {record.out}", file=sys.stderr, flush=True)
+
+
+def _resolve_device(accelerator: str, precision: str | None, algorithm) -> tuple[str, str]:
+    if accelerator == "auto":
+        accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+    if precision is None:
+        precision = "32-true" if accelerator == "cpu" else "bf16-mixed"
+    check(precision in PRECISIONS, f"`precision` must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "16-mixed" and algorithm.local.needs_true_grad_norm:
+        raise ConfigError(f"`precision: 16-mixed` is refused by {type(algorithm).__name__}: it takes gradient norms, "
+                          "which fp16 loss scaling distorts. Use `--precision bf16-mixed` or `32-true`")
+    return accelerator, precision
+
+
+def _model_and_config(model, data, algorithm, task, loop, seed, precision, text):
+    """The model (built here, after seeding, when given as a class-path spec, as the CLI builds it) and the
+    resolved config text (described from the objects for a Python-API run)."""
+    spec = None
+    if isinstance(model, (dict, str)):
+        spec = {"class_path": model} if isinstance(model, str) else model
+        torch.manual_seed(seed)
+        model = build(spec)
+    if text is None:
+        text = recorded.recipe_text(model, data, algorithm, task, loop, seed, precision=precision, model_spec=spec)
+        if spec is None and "init_args" not in describe(model):
+            print(f"fedlight: note: config.yaml records the model {type(model).__name__} by class path only; pass "
+                  "it to fit as a class-path spec ({'class_path': ..., 'init_args': {...}}) so landscape, sharpness "
+                  "and --resume can rebuild it", file=sys.stderr)
+    return model, text
+
+
+def _fabric(accelerator: str, devices: int, num_nodes: int, precision: str):
+    try:
+        fabric = L.Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
+                          strategy="ddp" if devices * num_nodes > 1 else "auto")
+    except (ValueError, RuntimeError, TypeError) as e:
+        raise ConfigError(f"`accelerator`/`devices`/`precision` ({accelerator}, {devices}, {precision}): "
+                          f"{str(e).splitlines()[0]}") from None
+    fabric.launch()
+    return fabric
+
+
+def _check_args(algorithm, data, loop: LoopConfig, devices: int, num_nodes: int) -> None:
+    check_scales(algorithm, loop)  # an adaptive rule at an SGD-scale lr warns before round 1
+    world = devices * num_nodes if isinstance(devices, int) and isinstance(num_nodes, int) else 1
+    check(isinstance(devices, int) and devices > 0, f"`devices` must be a positive integer, got {devices!r}")
+    check(isinstance(num_nodes, int) and num_nodes > 0, f"`num_nodes` must be a positive integer, got {num_nodes!r}")
+    _check_clients(loop, getattr(data, "num_clients", None))  # again after data.setup when unknown here
+    check(loop.clients_per_round >= world, f"`loop.clients_per_round` ({loop.clients_per_round}) must be at least "
+          f"the number of processes (devices × num_nodes = {world})")
+
+
+def _check_clients(loop: LoopConfig, num_clients: int | None) -> None:
+    if num_clients is not None:
+        check(loop.clients_per_round <= num_clients,
+              f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({num_clients})")
+
+
+def _agree(fabric, step) -> None:
+    """Run ``step`` (rank 0's part of a check) and make every rank raise the same error if it fails."""
+    error = None
+    try:
+        step()
+    except ConfigError as e:
+        error = str(e)
+    if fabric.world_size > 1:
+        error = fabric.broadcast(error, src=0)
+    if error is not None:
+        raise ConfigError(error)
+
+
+def _prepare(fabric, plan: Plan, record: RunRecord) -> FitDriver:
+    """Data, task, the loop, the probe of one batch and the resume check: everything that may refuse the run,
+    before any file is written."""
+    data = plan.data
+    data.input_dtype = torch.float64 if plan.precision == "64-true" else torch.float32  # float64 data stays float64
+    with fabric.rank_zero_first():
+        data.setup(fabric.device, plan.seed)
+    _check_clients(plan.loop, data.num_clients)
+    task = resolve_task(plan.task, plan.model, data)  # set up by the loop, with the data
+    loop, optimizer, plan.algorithm = _local_optimizer(fabric, plan.model, task, plan.algorithm, plan.loop, data)
+    driver = FitDriver(FederatedLoop(fabric, plan.model, data, plan.algorithm, loop, plan.seed, plan.out, task,
+                                     optimizer), record)
+    driver.probe()  # one batch through model + task: a mismatch is refused before round 1
+    _check_targets(task, loop)  # after the probe: a LightningModule's headline is known only then
+    driver.loop.store.use_folder(plan.out / "client_state" / f"rank{fabric.global_rank}")  # unchanged: never rewritten
+    if plan.ckpt is not None:
+        driver.resume(plan.ckpt, plan.ckpt_path, plan.defining)
+    return driver
+
+
+def _check_targets(task, loop) -> None:
+    if is_fraction(task.headline_key):
+        check(all(0 < t <= 1 for t in loop.targets), f"`loop.targets` are values of {task.headline_key}, a fraction: "
+              f"they must be in (0, 1], got {loop.targets} (write 0.7 for 70 %)")
+
+
+def _local_optimizer(fabric, model, task, algorithm, loop, data=None):
+    """The task's own local optimization (a LightningModule's ``configure_optimizers``, schedulers and clip: see
+    :mod:`fedlight.tasks.lightning_optim`), else ``loop.optimizer``: ``(loop, optimizer factory, algorithm)``."""
+    own = getattr(task, "local_optimization", None)
+    return own(fabric, model, algorithm, loop, data) if own is not None else (loop, None, algorithm)
+
+
+def _default_algorithm() -> Algorithm:
+    return FedAvg()

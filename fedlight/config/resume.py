@@ -1,0 +1,96 @@
+"""Where a run starts: the run directory it may use and the checkpoint a resume continues from.
+
+``--resume auto`` finds ``checkpoints/last.ckpt`` (or says why it starts fresh, naming a sibling run of the same recipe
+whose settings differ); a fresh run refuses a directory holding another run unless told to overwrite it, and reuses
+one whose run finished no round. The checkpoint's compatibility is checked once, later, by the fit driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from fedlight.errors import ConfigError
+from fedlight.run.directory import LOCK_NAME, check_out_dir, differences
+from fedlight.run.files import load_checkpoint
+from fedlight.run.record import RUN_FILES
+
+
+def start(out: Path, resume: str | None, overwrite: bool, defining: dict[str, Any]):
+    """The checkpoint a resume continues from (path and contents; ``None`` for a fresh run), after checking that
+    ``out`` may be used, and whether to clear it (a failed start's directory is reused)."""
+    check_out_dir(out)
+    ckpt_path = resolve_resume(resume, out, defining)
+    ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else None
+    return ckpt_path, ckpt, check_existing(out, resume, overwrite)
+
+
+def resolve_resume(resume: str | None, out: Path, defining: dict[str, Any] | None = None) -> Path | None:
+    if resume is None:
+        return None
+    if resume == "auto":
+        last = out / "checkpoints" / "last.ckpt"
+        if last.exists():
+            return last
+        _note(f"`--resume auto` found no checkpoint in {out}: nothing to resume, starting a new run there"
+              f"{_other_run(out, defining or {})}")
+        return None
+    return Path(resume)
+
+
+def _other_run(out: Path, defining: dict[str, Any]) -> str:
+    """``; ... <dir> is a run of the same recipe whose settings differ: ...`` for the newest resumable sibling
+    ``<name>-<hash>`` of a default run directory (the hash differs when defining settings do), or ``""``."""
+    m = re.fullmatch(r"(.+)-[0-9a-f]{8}", out.name)
+    if m is None or not out.parent.is_dir():
+        return ""
+    ckpts = sorted((d / "checkpoints" / "last.ckpt" for d in out.parent.glob(f"{m.group(1)}-*") if d != out),
+                   key=lambda p: p.stat().st_mtime if p.exists() else 0, reverse=True)
+    for ckpt in (c for c in ckpts if c.exists()):
+        try:
+            there = json.loads(load_checkpoint(ckpt).get("settings") or "{}")
+        except ConfigError:
+            continue
+        diffs = differences(there, defining)
+        if diffs:
+            return (f"; {ckpt.parent.parent} is a run of the same recipe whose settings differ ({'; '.join(diffs)}): "
+                    "to continue it, rerun with its settings or pass `--out_dir` " + str(ckpt.parent.parent))
+    return ""
+
+
+def _note(message: str) -> None:
+    """One ``fedlight: note:`` line, from the launching process only (Fabric's launcher reruns ``fit`` per rank)."""
+    if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
+        print(f"fedlight: note: {message}", file=sys.stderr, flush=True)
+
+
+def check_existing(out: Path, resume: str | None, overwrite: bool) -> bool:
+    """A fresh run refuses a directory that holds another run unless told to overwrite it (cleared later, under the
+    lock, by the run record). A directory whose run finished no round is not a run: it is reused (cleared too).
+    Returns whether the directory is to be cleared."""
+    if not out.exists() or not any(p.name != LOCK_NAME for p in out.iterdir()) or resume is not None:
+        return overwrite
+    if _no_round_finished(out):
+        _note(f"{out} holds a run that finished no round; reusing it (its files are replaced)")
+        return True
+    if not overwrite:
+        raise ConfigError(f"`out_dir` {out} already holds a run; pass `--resume auto` to continue it, "
+                          "`--overwrite true` to start over, or choose another `--out_dir`")
+    if not any((out / f).exists() for f in RUN_FILES):
+        raise ConfigError(f"`overwrite` refuses to clear {out}: it does not look like a fedlight run directory")
+    return True
+
+
+def _no_round_finished(out: Path) -> bool:
+    """``out`` holds only fedlight run files, and no checkpoint, summary, final model or metrics row."""
+    names = {p.name for p in out.iterdir()} - {LOCK_NAME}
+    if not names <= set(RUN_FILES) or "config.yaml" not in names:
+        return False
+    if any((out / f).exists() for f in ("summary.json", "final_model.pt", "checkpoints/last.ckpt")):
+        return False
+    metrics = out / "metrics.jsonl"
+    return not metrics.exists() or not metrics.read_text().strip()

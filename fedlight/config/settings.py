@@ -1,0 +1,67 @@
+"""What a run records about its settings: the resolved recipe (``config.yaml``), the defining settings, the
+execution-only settings per stretch of the run, TensorBoard's hyperparameters and the default run name."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import yaml
+
+from fedlight.config.args import LoopConfig
+from fedlight.config.spec import describe
+from fedlight.core.rules import LocalUpdateRule
+
+
+def recipe_text(model, data, algorithm, task, loop, seed, precision=None, model_spec=None) -> str:
+    """The resolved recipe of a Python-API run: class paths with the constructor arguments that can be recovered."""
+    return yaml.safe_dump({"seed": seed, "precision": precision, "model": model_spec or describe(model),
+                           "data": describe(data), "algorithm": describe(algorithm),
+                           **({"task": describe(task)} if task is not None else {}),
+                           "loop": dataclasses.asdict(loop)}, sort_keys=False)
+
+
+def settings(text: str, precision: str) -> dict[str, Any]:
+    """The run's settings: the recipe text parsed, with the resolved precision."""
+    try:
+        parsed = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        parsed = {}
+    return {**(parsed if isinstance(parsed, dict) else {}), "precision": precision}
+
+
+def segments(ckpt, start_round: int, execution: dict[str, Any]) -> list[dict[str, Any]]:
+    """Execution-only settings per stretch of the run; a resume adds one, listing what changed."""
+    before = json.loads(ckpt["segments"]) if ckpt is not None and ckpt.get("segments") else []
+    execution = {k: v for k, v in execution.items() if k not in ("resume", "overwrite")}
+    seg: dict[str, Any] = {"from_round": start_round, "settings": execution}
+    if before:
+        prev = before[-1]["settings"]
+        seg["changed"] = sorted(k for k in prev.keys() | execution.keys()
+                                if json.dumps(prev.get(k), default=str) != json.dumps(execution.get(k), default=str))
+    return [*before, json.loads(json.dumps(seg, default=str))]
+
+
+def lr_hint(algorithm, loop: LoopConfig) -> str:
+    name = type(algorithm).__name__
+    own = type(algorithm.local).make_optimizer is not LocalUpdateRule.make_optimizer
+    opt = f"{name}'s own local optimizer" if own else f"the local optimizer {loop.optimizer}"
+    return (f"the learning rate `loop.lr` = {loop.lr:g} is too large for {opt} (adaptive optimizers such as Adam/AdamW "
+            f"usually take ~1e-3); lower it, e.g. `--loop.lr {loop.lr / 100:g}`")
+
+
+def hparams(algorithm, loop, seed) -> dict[str, Any]:
+    flat = {"algorithm": getattr(algorithm, "name", type(algorithm).__name__), "seed": seed}
+    for k, v in dataclasses.asdict(loop).items():
+        if isinstance(v, (int, float, str, bool)):
+            flat[f"loop.{k}"] = v
+    for k, v in {**vars(algorithm), **vars(algorithm).get("_init_args", {})}.items():
+        if isinstance(v, (int, float, str, bool)):
+            flat[f"algorithm.{k}"] = v
+    return flat
+
+
+def default_name(algorithm, model, data, seed: int) -> str:
+    name = getattr(algorithm, "name", "custom")
+    return f"{name}_{type(model).__name__.lower()}_{type(data).__name__.lower()}_s{seed}"

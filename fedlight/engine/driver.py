@@ -1,0 +1,148 @@
+"""FitDriver: the run from round to round — probe, evaluate, stop, checkpoint, resume, finish — around
+:meth:`FederatedLoop.run_round <fedlight.engine.loop.FederatedLoop.run_round>`.
+
+Composition, not inheritance: the driver holds the loop (which advances the :class:`~fedlight.engine.state.LoopState`
+one round) and the :class:`~fedlight.run.record.RunRecord` (which owns every file of the run directory). It
+decides when to evaluate and to checkpoint and hands the record rows and state snapshots; a resume is checked once
+(:meth:`FitDriver.resume`) and restores the state the checkpoint holds.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedlight.engine.loop import Diverged, FederatedLoop
+from fedlight.engine.state import resume_problems
+from fedlight.errors import ConfigError
+from fedlight.run import stops
+from fedlight.run.files import fault, rss_mb, summarize
+from fedlight.run.record import RunRecord
+
+__all__ = ["Diverged", "FitDriver"]
+
+
+class FitDriver:
+    """Fits ``loop`` to ``loop.cfg.rounds`` rounds, writing through ``record``.
+
+    Args:
+        loop: the federated loop (its :attr:`~fedlight.engine.loop.FederatedLoop.state` is what is checkpointed).
+        record: the run record, opened (needed by :meth:`fit` only).
+    """
+
+    def __init__(self, loop: FederatedLoop, record: RunRecord | None = None) -> None:
+        self.loop, self.record = loop, record
+        self.diverged_at: int | None = None
+
+    # ----------------------------------------------------------------------------------------- checks
+    def probe(self) -> None:
+        """One training batch (client 0) and one test batch through model + task, changing nothing: a model that
+        does not fit the data or the task is refused here, before round 1, with the fix."""
+        loop = self.loop
+        gen = torch.Generator().manual_seed(loop.seed)
+        train = next(iter(loop.data.client_batches(0, 1, gen)))
+        test = next(iter(loop.data.test_batches()), train)
+        loop.task.probe(loop.model, train, test, loop.data, loop.fabric)
+
+    def resume(self, ckpt: dict[str, Any], path: Path | str, settings: dict[str, Any] | None = None) -> None:
+        """Continue from a loaded checkpoint; one of another run (model, clients, seed, or defining ``settings``)
+        is refused with every difference."""
+        problems = resume_problems(ckpt, self.loop.state.meta, settings)
+        if problems:
+            raise ConfigError(f"`resume` checkpoint {path} does not match this run: {'; '.join(problems)}. "
+                              "Resume with the settings it was trained with, or start a new run (another "
+                              "`--out_dir`, or `--overwrite true` without `--resume`)")
+        self.loop.state.restore(ckpt, self.loop.device)
+
+    # ----------------------------------------------------------------------------------------- evaluation
+    def evaluate(self) -> dict[str, float]:
+        """The task's test metrics of the global model (test batches strided over ranks)."""
+        loop = self.loop
+        loop.load_global()
+        fault("eval", loop.state.rounds_done)  # the kill-safety tests stop the run here
+        ws, rank = loop.fabric.world_size, loop.fabric.global_rank
+        mine = (b for j, b in enumerate(loop.data.test_batches()) if j % ws == rank)
+        return loop.task.evaluate(loop.model, mine, loop.fabric)
+
+    # ----------------------------------------------------------------------------------------- fit
+    def fit(self) -> dict[str, Any]:
+        """Run the remaining rounds: train → evaluate → hand the row and (every ``save_every`` rounds) a checkpoint
+        snapshot to the run record, which writes them in the background (see :mod:`fedlight.run.record`)."""
+        loop, record, state = self.loop, self.record, self.loop.state
+        record.progress.key = loop.task.headline_key
+        start = state.rounds_done
+        record.begin(start, state.last_row)
+        loop.fabric.print(f"fedlight: client runner: {loop.runner.name} ({loop.runner_reason})")
+        t_fit, wall0 = time.perf_counter(), state.totals["wall_time_s"]
+        for r in range(start, loop.cfg.rounds):
+            row = self._fit_round(r)
+            if row is None:
+                break
+            if r == start:
+                row["warm_up"] = True  # compilation, autotuning, allocator: not in seconds_per_round
+            state.totals["bytes_up"] += row["bytes_up"]
+            state.totals["bytes_down"] += row["bytes_down"]
+            state.totals["wall_time_s"] = wall0 + time.perf_counter() - t_fit
+            row["rss_mb"] = rss_mb()
+            self._record(row)
+        return self.finish()
+
+    def _fit_round(self, r: int) -> dict[str, Any] | None:
+        """Train and (when due) evaluate round ``r``; ``None`` when it diverged."""
+        loop = self.loop
+        self.record.phase("training", r)
+        try:
+            row = loop.run_round(r)
+        except Diverged as d:
+            self.diverged_at = d.round + 1
+            loop.fabric.print(f"fedlight: stopped, diverged in {d}; the last good checkpoint is kept")
+            return None
+        if (r + 1) % loop.cfg.eval_every == 0 or r + 1 == loop.cfg.rounds:
+            self.record.phase("evaluating", r)
+            t = time.perf_counter()
+            row.update(self.evaluate())
+            row["eval_time_s"] = time.perf_counter() - t
+        return row
+
+    def _record(self, row: dict[str, Any]) -> None:
+        """Hand the round's row, and its checkpoint when due, to the record; stop here on an agreed signal."""
+        loop, record, done = self.loop, self.record, self.loop.state.rounds_done
+        rounds, fabric = loop.cfg.rounds, loop.fabric
+        stop = stops.agreed(fabric) if done < rounds else None  # SIGTERM, SIGINT, SIGUSR1
+        snapshot = None
+        if (done % loop.cfg.save_every == 0 or done == rounds or stop) and fabric.global_rank == 0:
+            t = time.perf_counter()
+            record.flush()  # the previous checkpoint is durable before the store drops files it named
+            snapshot = loop.state.snapshot()
+            row["checkpoint_time_s"] = time.perf_counter() - t  # on the critical path: wait + snapshot
+        record.round_done(row, snapshot)
+        if stop:
+            stops.stop_here(record, done, stop)  # raises stops.Stopped once the row and checkpoint are on disk
+
+    def finish(self) -> dict[str, Any]:
+        """Write final_model.pt and summary.json from the global model and the record's rows."""
+        loop, record = self.loop, self.record
+        record.flush()
+        task = loop.task
+        summary = summarize(record.rows, loop.cfg.targets, loop.state.totals,
+                            (task.headline_key, task.higher_is_better))
+        summary["metric_directions"] = task.directions()  # what `fedlight report` reads a best_ value by
+        if self.diverged_at is not None:
+            summary["diverged_at_round"] = self.diverged_at
+        runner = loop.runner
+        summary["client_runner"] = f"{getattr(runner, 'description', runner.name)} ({loop.runner_reason})"
+        summary["client_runner_fallbacks"] = list(getattr(runner, "fallbacks", []))
+        summary.update(record.summary_extra())
+        if task.effective:
+            summary["local_optimization"] = task.effective
+        state = None
+        if loop.fabric.global_rank == 0:
+            loop.load_global()
+            state = {k: v.detach().cpu().clone() for k, v in loop.model.state_dict().items()}
+        record.finish(summary, state)
+        task.end(loop.model)
+        loop.fabric.barrier()
+        return summary

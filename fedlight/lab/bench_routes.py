@@ -1,0 +1,161 @@
+"""The round against the hardware's own bound, and the client routes side by side (``tools/gpu_profile.py`` sections
+``anchor`` and ``routes``; issue 31).
+
+``anchor``: the round's images (clients × steps × batch, 25,000 for ResNet-18-CIFAR) through *one* model, the
+same one (GroupNorm ResNet-18), bf16 autocast, compiled, channels-last, SGD with the loop's weight decay:
+(a) ``steps`` steps at batch ``clients × batch`` — the round's arithmetic in its most favourable single-model form;
+(b) ``clients × steps`` steps at batch ``batch`` with CUDA graphs (``mode="reduce-overhead"``) — the sequential
+form. The goal is stated against (a): a round ≤ 1.3 × (a), and ≤ 0.5 s.
+
+``routes``: FedAvg rounds of the same workload under each client route (:data:`ROUTES`): s/round (median), the
+compiling first round, ratio to anchor (a) when measured in the same process, TFLOP/s and MFU (dense bf16 peak of
+an H100/H200), peak memory, and the largest difference of the model after round 0 from the first route's (bf16:
+rounding-sized differences are expected; exactness is tested in fp32/fp64 by ``tests/loop/test_runner_routes.py``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ROUTES: dict[str, dict[str, Any]] = {  # in the order a short device window should measure them
+    "stacked": {"parallelism": "vmap", "compile": True},  # the CUDA default
+    "stacked+channels_last": {"parallelism": "vmap", "compile": True, "channels_last": True},
+    "streams+compiled": {"parallelism": "streams", "compile": True, "channels_last": True},
+    "streams": {"parallelism": "streams", "compile": False, "channels_last": True},
+    "stacked+graphs": {"parallelism": "vmap", "compile": "reduce-overhead"},
+    "sequential+compiled": {"parallelism": "sequential", "compile": True, "channels_last": True},
+    "streams+graphs": {"parallelism": "streams", "compile": "reduce-overhead", "channels_last": True},
+}
+"""Route name → ``fedlight_loop`` keywords (``compile: True`` is replaced by ``smoke_backend`` on CPU)."""
+
+MEASURED: dict[str, float] = {}
+"""Seconds measured in this process (``anchor_a``, ``anchor_b``), read by later sections."""
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _compile_kw(compile: bool | str, dev: torch.device, smoke_backend: str) -> dict[str, Any]:
+    if dev.type != "cuda":
+        return {"backend": smoke_backend}
+    return {"mode": compile} if isinstance(compile, str) else {}
+
+
+def single_model_pass(w, dev: torch.device, steps: int, batch: int, graphs: bool, smoke_backend: str = "aot_eager",
+                      warmup: int = 3) -> float:
+    """Seconds for ``steps`` compiled bf16 channels-last SGD steps of one ``w.model()`` at ``batch`` (timed after
+    ``warmup`` steps, which compile)."""
+    model = w.model().to(dev).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=w.lr, weight_decay=w.weight_decay)
+    kw = _compile_kw("reduce-overhead" if graphs else True, dev, smoke_backend)
+    fwd = torch.compile(model, dynamic=False, **kw)
+    opt_step = torch.compile(opt.step, dynamic=False, **kw)
+    g = torch.Generator(device=dev).manual_seed(w.seed)
+    x = torch.randn(batch, *w.shape, device=dev, generator=g).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, w.num_classes, (batch,), device=dev, generator=g)
+
+    def step():
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            loss = F.cross_entropy(fwd(x), y)
+        loss.backward()
+        opt_step()
+        opt.zero_grad(set_to_none=False)
+
+    return seconds(step, dev, steps, warmup)
+
+
+def seconds(fn, dev: torch.device, reps: int, warmup: int = 1) -> float:
+    """Wall seconds of ``reps`` calls of ``fn`` after ``warmup`` untimed ones, the device synchronised around."""
+    for _ in range(warmup):
+        fn()
+    _sync(dev)
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    _sync(dev)
+    return time.perf_counter() - t
+
+
+def anchor(w, dev: str, smoke_backend: str = "aot_eager") -> dict[str, float]:
+    """(a) and (b) of the module docstring; prints each as measured and keeps them in :data:`MEASURED`."""
+    d = torch.device(dev)
+    images = w.clients * w.steps * w.batch
+    a = single_model_pass(w, d, w.steps, w.clients * w.batch, False, smoke_backend)
+    MEASURED["anchor_a"] = a
+    print(f"anchor: one model, {images} images as {w.steps} steps x batch {w.clients * w.batch} "
+          f"(compiled, channels-last, bf16): (a) {a:.3f} s", flush=True)
+    b = single_model_pass(w, d, w.clients * w.steps, w.batch, True, smoke_backend)
+    MEASURED["anchor_b"] = b
+    print(f"anchor: one model, {images} images as {w.clients * w.steps} steps x batch {w.batch} "
+          f"(compiled{' with CUDA graphs' if d.type == 'cuda' else ''}): (b) {b:.3f} s = {b / a:.2f} x (a)", flush=True)
+    return {"anchor_a": a, "anchor_b": b}
+
+
+def route_row(name: str, w, dev: str, rounds: int = 3, smoke_backend: str = "aot_eager") -> dict[str, Any]:
+    """One route's FedAvg rounds (see the module docstring); ``x0``: the model after round 0, for the comparison."""
+    from fedlight.lab.bench import fedlight_loop
+    from fedlight.lab.bench_gpu import H100_BF16_PEAK, flop_per_sample
+
+    d = torch.device(dev)
+    kw = dict(ROUTES[name])
+    if d.type != "cuda" and kw["compile"]:
+        kw["compile"] = smoke_backend
+    model = w.model().to(d)
+    fps = flop_per_sample(model, w.shape, w.num_classes, d)
+    if d.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    loop = fedlight_loop(model, w.data(), w, dev, "bf16-mixed", "fedavg", **kw)
+    _sync(d)
+    t = time.perf_counter()
+    loop.run_round(0)
+    _sync(d)
+    first = time.perf_counter() - t
+    x0 = torch.cat([v.detach().float().flatten() for v in loop.x.values()])
+    times = []
+    for r in range(1, 1 + rounds):
+        t = time.perf_counter()
+        loop.run_round(r)
+        _sync(d)
+        times.append(time.perf_counter() - t)
+    s = statistics.median(times)
+    flops = w.clients * w.steps * w.batch * fps
+    row = {"route": name, "runner": getattr(loop.runner, "description", loop.runner.name), "s_per_round": s,
+           "first_round_s": first, "tflops": flops / s / 1e12, "mfu_bf16": flops / s / H100_BF16_PEAK,
+           "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if d.type == "cuda" else 0.0,
+           "fallbacks": len(getattr(loop.runner, "fallbacks", [])), "x0": x0}
+    if "anchor_a" in MEASURED:
+        row["x_anchor_a"] = s / MEASURED["anchor_a"]
+    return row
+
+
+def routes(w, dev: str, names: list[str], rounds: int = 3, smoke_backend: str = "aot_eager") -> list[dict[str, Any]]:
+    """Every route of ``names``, one line each as measured; a failing route prints its error and the rest go on."""
+    rows, ref = [], None
+    for name in names:
+        try:
+            row = route_row(name, w, dev, rounds, smoke_backend)
+        except Exception as e:  # noqa: BLE001 - one failing route must not hide the others' numbers
+            print(f"routes: {name}: failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}", flush=True)
+            continue
+        x0 = row.pop("x0")
+        ref = x0 if ref is None else ref
+        row["max_dx0_vs_first"] = float((x0 - ref).abs().max())
+        rows.append(row)
+        print("routes: " + line(row), flush=True)
+    return rows
+
+
+def line(r: dict[str, Any]) -> str:
+    anchor_ratio = f"{r['x_anchor_a']:.2f} x (a)" if "x_anchor_a" in r else "(a) not measured"
+    return (f"{r['route']} [{r['runner']}]: {r['s_per_round']:.3f} s/round, {anchor_ratio}, first round "
+            f"{r['first_round_s']:.1f} s, {r['tflops']:.1f} TFLOP/s, MFU {100 * r['mfu_bf16']:.1f} %, peak "
+            f"{r['peak_gb']:.2f} GB, fallbacks {r['fallbacks']}, max |dx| after round 0 vs first route "
+            f"{r['max_dx0_vs_first']:.2e}")

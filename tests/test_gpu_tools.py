@@ -1,0 +1,62 @@
+"""The prepared GPU session runs its code on the CPU first: ``tools/gpu_check.sh --smoke`` and
+``tools/gpu_profile.py --smoke`` at tiny sizes (correctness of the scripts only, never timing)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(cmd: list[str], tmp_path: Path) -> str:
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    return res.stdout
+
+
+def _number(pattern: str, text: str) -> float:
+    m = re.search(pattern, text)
+    assert m, f"{pattern!r} not in output:\n{text[-3000:]}"
+    return float(m.group(1))
+
+
+def test_gpu_check_smoke_runs_every_new_path(tmp_path):
+    pytest.importorskip("transformers")  # the LoRA step
+    pytest.importorskip("timm")  # the Swin step
+    out = _run(["bash", "tools/gpu_check.sh", "--smoke"], tmp_path)
+    assert "done: 0 step(s) failed" in out
+    for conv in ("one client's conv2d", "vmap's grouped conv (stacked)", "channels-last route"):
+        assert f"paths: dtypes: {conv} under bf16 autocast on cpu: eager torch." in out
+    assert "channels-last route under bf16 autocast on cpu: eager torch.bfloat16, compiled (aot_eager) " \
+           "torch.bfloat16" in out  # the route convolves in bf16 as each client's own conv2d does, compiled too
+    for algo in ("fedavg", "fedsam"):  # the LightningModule, both runners: the same model up to fp32 rounding
+        assert f"paths: lightning {algo} sequential: runner sequential" in out
+        assert f"paths: lightning {algo} vmap: runner stacked" in out
+        assert _number(rf"lightning {algo}: stacked vs sequential final model, max \|diff\| (\S+) ", out) < 1e-6
+    assert _number(r"paths: swin 64 px \+ RandAugment on cpu: .* ([\d.]+) s/step", out) > 0
+    assert _number(r"vmap_chunk auto chose (\d+) of 3 clients", out) >= 1 and "fallbacks none" in out
+    assert "compile_fail: trained by stacked, eager; fallback: torch.compile of the stacked step failed" in out
+    assert _number(r"roberta-lora tiny .* (\d+) tokens/s", out.replace(",", "")) > 0
+    assert {p.name for p in (tmp_path / "out").iterdir()} >= {"paths_log.txt", "lora_log.txt", "lora.json"}
+
+
+def test_gpu_profile_smoke_anchor_and_routes(tmp_path):
+    out = _run([sys.executable, "tools/gpu_profile.py", "--smoke", "--sections", "anchor,routes", "--routes",
+                "stacked+channels_last,streams"], tmp_path)  # the compiled default is tested in tests/loop
+    a = _number(r"\(a\) ([\d.]+) s", out)
+    b = _number(r"\(b\) ([\d.]+) s", out)
+    assert a > 0 and abs(b / a - _number(r"\(b\) [\d.]+ s = ([\d.]+) x \(a\)", out)) <= 0.05 * b / a + 0.02
+    for route, runner in (("stacked+channels_last", "stacked, channels-last, compiled"), ("streams", "streams, eager")):
+        s = _number(rf"routes: {re.escape(route)} \[{runner}[^\]]*\]: ([\d.]+) s/round", out)
+        ratio = _number(rf"routes: {re.escape(route)} \[.*?\]: [\d.]+ s/round, ([\d.]+) x \(a\)", out)
+        assert abs(ratio - s / a) <= 0.05 * ratio + 0.02  # printed values are rounded
+        assert f"routes: {route} [" in out and "fallbacks 0" in out.split(f"routes: {route} [")[1].splitlines()[0]
+    # bf16 rounds from the same start: the routes agree up to bf16 rounding
+    assert _number(r"routes: streams .* vs first route (\S+)", out) < 1e-2
