@@ -7,9 +7,6 @@ builds the engine — :class:`~fedlight.engine.loop.FederatedLoop` inside a :cla
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import inspect
 import json
 import sys
 import warnings
@@ -28,7 +25,7 @@ from fedlight.config import settings as recorded
 from fedlight.config.advice import check_scales
 from fedlight.config.args import LoopConfig
 from fedlight.config.spec import build, describe
-from fedlight.core.rules import Algorithm, LocalUpdateRule
+from fedlight.core.rules import Algorithm
 from fedlight.data import FederatedDataModule, as_federated
 from fedlight.data.augment import adopt_preprocessing
 from fedlight.engine.driver import FitDriver
@@ -136,10 +133,19 @@ def fit(
     try:
         driver = _prepare(fabric, plan, record)
         _annotate(record, driver.loop, plan)
+        record.watch.hint = getattr(driver.loop.task, "hint", None) or record.watch.hint  # the optimizer really used
         refused = False
-        record.open(plan.text, plan.data, overwrite=plan.clear and plan.ckpt is None, fresh=plan.ckpt is None)
+        effective = driver.loop.task.effective  # what trained, where the loop settings do not apply
+        text = plan.text + (f"# fedlight: local optimization used: {effective}\n" if effective else "")
+        record.open(text, plan.data, overwrite=plan.clear and plan.ckpt is None, fresh=plan.ckpt is None)
         with stops.stop_signals(), stops.disk_guard(record):  # clean stops on signals and failed writes
             return driver.fit()
+    except Exception as e:  # the user's own code (a LightningModule's hook) raised mid-run: its frames, what is kept
+        from fedlight.tasks.lightning_errors import user_code_error
+
+        if refused or (mine := user_code_error(e, record)) is None:
+            raise
+        raise mine from None
     finally:
         record.close(refused=refused)
 
@@ -249,7 +255,7 @@ def _prepare(fabric, plan: Plan, record: RunRecord) -> FitDriver:
         data.setup(fabric.device, plan.seed)
     _check_clients(plan.loop, data.num_clients)
     task = resolve_task(plan.task, plan.model, data)  # set up by the loop, with the data
-    loop, optimizer = _local_optimizer(fabric, plan.model, task, plan.algorithm, plan.loop)
+    loop, optimizer, plan.algorithm = _local_optimizer(fabric, plan.model, task, plan.algorithm, plan.loop, data)
     driver = FitDriver(FederatedLoop(fabric, plan.model, data, plan.algorithm, loop, plan.seed, plan.out, task,
                                      optimizer), record)
     driver.probe()  # one batch through model + task: a mismatch is refused before round 1
@@ -266,32 +272,11 @@ def _check_targets(task, loop) -> None:
               f"they must be in (0, 1], got {loop.targets} (write 0.7 for 70 %)")
 
 
-def _local_optimizer(fabric, model, task, algorithm, loop):
-    """A LightningModule's ``configure_optimizers`` as the local optimizer (its lr is the schedule's base, its weight
-    decay the rules'), unless the rule prescribes its own; otherwise ``loop.optimizer``."""
-    optimizer = getattr(task, "optimizer", None)
-    if optimizer is None or not task.has_optimizer(model):
-        return loop, None
-    name = type(model).__name__
-    if type(algorithm.local).make_optimizer is not LocalUpdateRule.make_optimizer:
-        fabric.print(f"fedlight: {type(algorithm).__name__} prescribes its own local optimizer; "
-                     f"{name}.configure_optimizers() is not used")
-        return loop, None
-    cls, group, notes = optimizer(model)
-    for note in notes:
-        fabric.print(f"fedlight: note: {note}")
-    args = ", ".join(f"{k}={v}" for k, v in group.items()
-                     if k in ("lr", "weight_decay") or (isinstance(v, (int, float, tuple)) and v and v is not True))
-    fabric.print(f"fedlight: local optimizer from {name}.configure_optimizers(): {cls.__name__}({args}); "
-                 "`loop.lr`, `loop.optimizer` and `loop.weight_decay` are not used")
-    loop = dataclasses.replace(loop, lr=float(group["lr"]), weight_decay=float(group.get("weight_decay", 0.0)),
-                               momentum=0.0)
-    hyper = {k: v for k, v in group.items() if k in _init_args(cls) and k != "lr"}
-    return loop, functools.partial(cls, **hyper)
-
-
-def _init_args(cls) -> set[str]:
-    return set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
+def _local_optimizer(fabric, model, task, algorithm, loop, data=None):
+    """The task's own local optimization (a LightningModule's ``configure_optimizers``, schedulers and clip: see
+    :mod:`fedlight.tasks.lightning_optim`), else ``loop.optimizer``: ``(loop, optimizer factory, algorithm)``."""
+    own = getattr(task, "local_optimization", None)
+    return own(fabric, model, algorithm, loop, data) if own is not None else (loop, None, algorithm)
 
 
 def _default_algorithm() -> Algorithm:

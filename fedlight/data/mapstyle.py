@@ -11,6 +11,7 @@ or from ``client_fn(sample)`` — a per-sample client id, the natural split of L
 
 from __future__ import annotations
 
+import abc
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -162,6 +163,18 @@ class DatasetClients(FederatedDataModule):
         return "client_fn (natural split)" if self.client_fn is not None else repr(self.partition)
 
 
+class DataModuleLike(abc.ABC):
+    """Any ``LightningDataModule``, from ``lightning.pytorch`` or ``pytorch_lightning`` (a class with
+    ``prepare_data``, ``setup`` and ``train_dataloader``): the type of ``DataModuleClients.datamodule``, so nested
+    command-line flags (``--data.init_args.datamodule.init_args.batch_size 16``) reach its arguments, without
+    importing Lightning at ``import fedlight.data``."""
+
+    @classmethod
+    def __subclasshook__(cls, other: type) -> bool:
+        return all(callable(getattr(other, m, None)) for m in ("prepare_data", "setup", "train_dataloader")) or \
+            NotImplemented
+
+
 class DataModuleClients(DatasetClients):
     """A LightningDataModule split over clients: ``prepare_data()`` and ``setup("fit")`` are called; its
     ``train_dataloader()``'s dataset and collate function build the client batches (batch size: ``batch_size``, else
@@ -173,7 +186,7 @@ class DataModuleClients(DatasetClients):
         num_clients, batch_size, partition, label_fn, client_fn, num_classes: as :class:`DatasetClients`.
     """
 
-    def __init__(self, datamodule: Any, num_clients: int = 10, batch_size: int | None = None,
+    def __init__(self, datamodule: DataModuleLike | dict, num_clients: int = 10, batch_size: int | None = None,
                  partition: Partitioner | None = None, label_fn: Callable[[Any], Any] | None = None,
                  client_fn: Callable[[Any], Any] | None = None, num_classes: int | None = None) -> None:
         super().__init__(train=None, num_clients=num_clients, batch_size=batch_size or 1, partition=partition,
@@ -194,14 +207,14 @@ class DataModuleClients(DatasetClients):
         return self.train, None
 
     def _test_loader(self) -> Any:
-        from lightning.pytorch.utilities.exceptions import MisconfigurationException
+        from fedlight.tasks.lightning_compat import misconfiguration_errors
 
         dm = self.datamodule
         for stage, name in (("test", "test_dataloader"), ("validate", "val_dataloader")):
             try:
                 dm.setup(stage)
                 return getattr(dm, name)()
-            except (NotImplementedError, MisconfigurationException):
+            except (NotImplementedError, *misconfiguration_errors()):
                 continue
         return ()
 
@@ -227,9 +240,9 @@ def as_federated(data: Any) -> FederatedDataModule:
     with its defaults (printed, so the user knows how to choose)."""
     if isinstance(data, FederatedDataModule):
         return data
-    from lightning.pytorch import LightningDataModule
+    from fedlight.tasks.lightning_compat import is_lightning_datamodule
 
-    if isinstance(data, LightningDataModule):
+    if is_lightning_datamodule(data):
         wrapped = DataModuleClients(data)
         print(f"fedlight: note: {type(data).__name__} split into {wrapped.num_clients} IID clients; pass "
               f"fedlight.data.DataModuleClients({type(data).__name__}(...), num_clients=..., partition=...) to "

@@ -136,10 +136,13 @@ class FitDriver:
         summary["client_runner"] = f"{getattr(runner, 'description', runner.name)} ({loop.runner_reason})"
         summary["client_runner_fallbacks"] = list(getattr(runner, "fallbacks", []))
         summary.update(record.summary_extra())
+        if task.effective:
+            summary["local_optimization"] = task.effective
         state = None
         if loop.fabric.global_rank == 0:
             loop.load_global()
             state = {k: v.detach().cpu().clone() for k, v in loop.model.state_dict().items()}
         record.finish(summary, state)
+        task.end(loop.model)
         loop.fabric.barrier()
         return summary

@@ -170,6 +170,7 @@ class FederatedLoop:
         ``state.rounds_done == r + 1``. Returns the round's metrics row."""
         st, t0 = self.state, time.perf_counter()
         plan = self.plan(r)
+        self.task.begin_round(plan.info)
         counts = {k: b.clone() for k, b in st.int_buffers.items()}
         got = self._collect(self.runner.train(self.jobs(plan), plan.info, st.buffers), plan)
         P.copy_(st.int_buffers, counts)  # clients' forward passes do not count; the round advances them below

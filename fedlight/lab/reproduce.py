@@ -146,11 +146,11 @@ def _is_lightning_module(path: str | None) -> bool:
 
     if not path or "." not in path:
         return False
-    from lightning.pytorch import LightningModule
+    from fedlight.tasks.lightning_compat import _classes
 
     module, _, name = path.rpartition(".")
     cls = getattr(importlib.import_module(module), name, None)
-    return isinstance(cls, type) and issubclass(cls, LightningModule)
+    return isinstance(cls, type) and any(issubclass(cls, base) for base in _classes("LightningModule"))
 
 
 def base_path(spec: dict[str, Any]) -> Path:

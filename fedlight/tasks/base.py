@@ -37,12 +37,21 @@ class Task:
     """The names :meth:`metrics` reports (without ``test_``), known before any data is seen."""
     higher: tuple[str, ...] = ()
     """The reported names besides the headline whose higher values are better (accuracy, F1, R², ...)."""
+    effective: str | None = None
+    """The local optimization actually used, when the task brings its own (a LightningModule's): recorded in
+    ``summary.json`` (``local_optimization``) and as a comment in ``config.yaml``."""
     stacked_note: str | None = None
     """Why ``loop.client_parallelism: auto`` should train this task's clients one after another even on CUDA
     (forcing ``vmap`` still works); ``None``: no reason."""
 
     def setup(self, data: Any) -> None:
         """Learn what the task needs from the data module after its ``setup`` (e.g. the number of classes)."""
+
+    def begin_round(self, info: Any) -> None:
+        """Round ``info.round`` is about to train (a task that tracks the round, e.g. a LightningModule's epoch)."""
+
+    def end(self, model: nn.Module) -> None:
+        """The run finished (after ``final_model.pt`` is written)."""
 
     # ----------------------------------------------------------------------------------------- training
     def objective(self, model: nn.Module, batch: Any) -> Tensor:
@@ -109,7 +118,8 @@ class Task:
         model.eval()
         try:
             with torch.no_grad():
-                loss = guard("the training objective", lambda: self._probe_loss(model, train_batch, fabric))
+                loss = guard("the training objective", lambda: self._probe_loss(model, train_batch, fabric),
+                             train_batch)
                 if not isinstance(loss, Tensor) or loss.dim() != 0 or not loss.dtype.is_floating_point:
                     raise ConfigError(f"{type(self).__name__}: the training objective must be a scalar loss tensor, "
                                       f"got {_describe(loss)}; return the batch mean")
@@ -157,17 +167,32 @@ def check_class_count(logits: Tensor, num_classes: int, argument: str = "num_cla
                           "model's equivalent argument)")
 
 
-def guard(what: str, fn: Callable) -> Any:
-    """Run ``fn``; a shape, dtype or index error becomes a :class:`ConfigError` naming ``what`` failed."""
+def guard(what: str, fn: Callable, batch: Any = None) -> Any:
+    """Run ``fn``; a shape, dtype or index error becomes a :class:`ConfigError` naming ``what`` failed (string
+    labels in ``batch``, when given, are named as the cause)."""
     try:
         return fn()
     except ConfigError:
         raise
     except (RuntimeError, ValueError, IndexError, TypeError, KeyError, AttributeError) as e:
+        strings = _strings(batch)
+        if strings:
+            raise ConfigError(f"the data's labels are strings ({', '.join(map(repr, strings[:3]))}, ...): {what} "
+                              "needs integer class indices. Map them in your dataset, as torchvision's ImageFolder "
+                              "does (`class_to_idx = {name: i for i, name in enumerate(sorted(names))}`, then return "
+                              "`class_to_idx[label]`)") from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"model, data and task do not fit together: {what} failed on the first batch "
                           f"({type(e).__name__}: {first}). Check the model's input/output size against the data "
                           "(e.g. `--model.init_args.num_classes`) and the task (`--task`)") from None
+
+
+def _strings(batch: Any) -> list[str]:
+    """The string labels of a collated ``(x, labels)`` batch (a list or tuple of str), else ``[]``."""
+    if isinstance(batch, (list, tuple)) and len(batch) >= 2 and isinstance(batch[-1], (list, tuple)):
+        if batch[-1] and all(isinstance(v, str) for v in batch[-1]):
+            return sorted(set(batch[-1]))
+    return []
 
 
 def _describe(value: Any) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
@@ -58,6 +59,8 @@ class Classification(Task):
 
     def probe(self, model, train_batch, test_batch, data, fabric=None) -> None:
         _, y = train_batch
+        if not isinstance(y, torch.Tensor):  # e.g. string labels, collated into a list
+            guard("Classification", lambda: torch.as_tensor(y), train_batch)
         if y.dtype.is_floating_point:
             raise ConfigError("Classification needs integer class labels, but the data's targets are floating "
                               f"point ({y.dtype}); for real-valued targets use `--task Regression`")

@@ -1,36 +1,38 @@
 """A LightningModule as the model: its ``training_step`` is the client objective, its ``test_step`` (else
-``validation_step``) with ``self.log`` is the evaluation, its ``configure_optimizers`` the local optimizer.
+``validation_step``) with ``self.log`` is the evaluation, its ``configure_optimizers`` the local optimizer and lr
+schedule, its hooks are called at their federated moments (:mod:`.lightning_hooks`) and ``self.trainer`` is a
+stand-in with federated meanings (:mod:`.lightning_trainer`). Modules from ``lightning.pytorch`` and from
+``pytorch_lightning`` are treated alike (:mod:`.lightning_compat`).
 
-``self.log`` / ``self.log_dict`` are captured while fedlight calls the module's steps (no Trainer is needed and
-Lightning does not warn): values logged in ``training_step`` become per-client training metrics (``train/<name>``,
-the mean over the client's calls, then over clients); values logged in ``test_step`` are reduced over the whole test
-set as Lightning reduces ``on_epoch`` values — tensors and numbers by their batch-size-weighted mean, torchmetrics
-objects computed once at the end — and reported as ``test_<name>`` (a ``test_``/``val_``/``test/``/``val/``
-prefix of the logged name is dropped).
+``self.log`` / ``self.log_dict`` are captured while fedlight calls the module's hooks (no Trainer is needed and
+Lightning does not warn): values logged while a client trains (``training_step``, the train hooks) become per-client
+training metrics (``train/<name>``, the mean over the client's calls, then over clients); values logged in
+``test_step`` and the test epoch hooks are reduced over the whole test set as Lightning reduces ``on_epoch`` values —
+tensors and numbers by their batch-size-weighted mean, torchmetrics objects computed once at the end — and reported
+as ``test_<name>`` (a ``test_``/``val_``/``test/``/``val/`` prefix of the logged name is dropped). A module whose
+evaluation step is missing or logs nothing is evaluated by its ``training_step`` loss (``test_loss``).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from fedlight.core.params import in_stacked
 from fedlight.errors import ConfigError
-from fedlight.params import in_stacked
-from fedlight.tasks.base import Task, guard, higher_is_better, precision_forward
+from fedlight.tasks.base import Task, higher_is_better, precision_forward
+from fedlight.tasks.lightning_compat import is_lightning_module, overrides
+from fedlight.tasks.lightning_hooks import ClientHooks, call_hook
+from fedlight.tasks.lightning_logs import _batch_size, _mean_metric, _reduce, capture_logs
+from fedlight.tasks.lightning_trainer import FedTrainer, attach
 
 PREFIXES = ("test_", "val_", "test/", "val/", "valid_", "validation_")
 
-
-def is_lightning_module(model: Any) -> bool:
-    try:
-        from lightning.pytorch import LightningModule
-    except ImportError:  # pragma: no cover - lightning is a dependency
-        return False
-    return isinstance(model, LightningModule)
+__all__ = ["LightningTask", "capture_logs", "is_lightning_module"]
 
 
 class LightningTask(Task):
@@ -50,6 +52,12 @@ class LightningTask(Task):
         self.names: tuple[str, ...] | None = None  # learned by the probe (what test_step logs)
         self._objects: dict[str, Any] = {}  # logged torchmetrics objects, by logged name
         self._values: set[str] = set()  # names logged as plain values
+        self.trainer: FedTrainer | None = None  # attached by local_optimization
+        self.module: Any = None
+        self.schedule: Any = None  # the module's lr schedulers (lightning_schedule.Schedule), when it has any
+        self.manual = False  # automatic_optimization = False
+        self.by_loss = False  # evaluated by training_step's loss (no test_step/validation_step logging anything)
+        self.round, self.steps = 0, 1
 
     # ----------------------------------------------------------------------------------------- headline
     @property
@@ -67,126 +75,147 @@ class LightningTask(Task):
     def metric_names(self) -> tuple[str, ...]:
         return tuple(f"test_{n}" for n in (self.names or ()))
 
+    # ----------------------------------------------------------------------------------------- the run
+    def local_optimization(self, fabric, model, algorithm, loop, data=None):
+        """The module prepared (trainer attached, ``configure_model``), and the local optimization it brings:
+        ``(loop, optimizer factory or None, algorithm)`` (see :mod:`.lightning_optim`)."""
+        from fedlight.tasks.lightning_optim import local_optimization
+
+        return local_optimization(self, fabric, model, algorithm, loop, data)
+
+    def begin_round(self, info: Any) -> None:
+        self.round, self.steps = info.round, max(1, round(info.num_steps))
+
+    def end(self, model: nn.Module) -> None:
+        """After the last round: ``on_fit_end``, then the stand-in trainer is detached."""
+        if self.trainer is not None:
+            self.trainer.at(self.round, (self.round + 1) * self.steps, "done")
+            call_hook(model, "on_fit_end")
+            attach(model, None)
+
     # ----------------------------------------------------------------------------------------- training
-    def objective(self, model: nn.Module, batch: Any, batch_idx: int = 0) -> Tensor:
+    def objective(self, model: nn.Module, batch: Any, batch_idx: int = 0) -> Tensor | None:
         out = model.training_step(batch, batch_idx)
         loss = out.get("loss") if isinstance(out, dict) else out
+        if loss is None and (out is None or self.manual):
+            return None
         if not isinstance(loss, Tensor):
             raise ConfigError(f"{_name(model)}.training_step must return the loss tensor or a dict holding "
                               f"\"loss\", got {type(out).__name__}")
         return loss
 
     def client_objective(self, ctx: Any):
-        """``training_step(batch, k)`` with ``k`` the client's local step; its ``self.log`` values (outside a
-        stacked step, where they are per-client slices that cannot leave vmap) become ``train/<name>`` metrics."""
+        """``training_step(batch, k)`` with ``k`` the client's local step, the lr of the module's schedule at the
+        client's step ``r·K + k`` and the trainer's ``global_step`` / ``current_epoch`` set; its ``self.log``
+        values (outside a stacked step, where they are per-client slices that cannot leave vmap) become
+        ``train/<name>`` metrics. ``None`` from ``training_step`` skips the step."""
         sums = ctx.scratch.setdefault("lightning_logs", {})
+        trainer, K = self.trainer, ctx.num_steps
+        if trainer is not None:
+            trainer.at(ctx.round, ctx.round * K)
+        hooks = ctx.scratch["lightning_hooks"] = ClientHooks(self, self.module, ctx) if trainer is not None else None
 
         def objective(model, batch):
-            module = getattr(model, "_fedlight_module", model)  # the stacked runner passes a binding of the module
+            module, k = getattr(model, "_fedlight_module", model), ctx.step_index
+            if self.schedule:
+                ctx.set_lr(self.schedule.lr(ctx.round, k, K))
+            if hooks is not None:
+                trainer.global_step = ctx.round * K + k
+                hooks.before_step(batch, k)
             with capture_logs(module) as logs:
-                loss = self.objective(model, batch, ctx.step_index)
+                loss = self.objective(model, batch, k)
+            if loss is None:
+                loss = self._skipped(ctx, hooks)
+            elif hooks is not None:
+                hooks.outputs = loss
+                hooks.before_backward(loss)
+            if hooks is not None:
+                logs.update(hooks.logs)
+                hooks.logs.clear()
             if logs and not in_stacked():
-                for name, (value, _) in logs.items():
-                    if isinstance(value, (Tensor, int, float)):
-                        s, n = sums.get(name, (0.0, 0))
-                        sums[name] = (s + torch.as_tensor(value).detach().double(), n + 1)
-                        ctx.metrics[f"train/{_strip(name)}"] = sums[name][0] / sums[name][1]
+                self._train_logs(logs, sums, ctx)
             return loss
 
         return objective
 
+    def _skipped(self, ctx: Any, hooks: Any) -> Tensor:
+        """A zero loss (zero gradients) for a skipped step; its optimizer step is not taken."""
+        if hooks is not None:
+            hooks.skip = True
+        return sum((p * 0).sum() for p in ctx.params.values())
+
+    def _train_logs(self, logs: dict, sums: dict, ctx: Any) -> None:
+        for name, (value, _) in logs.items():
+            if isinstance(value, (Tensor, int, float)) and torch.as_tensor(value).numel() == 1:
+                s, n = sums.get(name, (0.0, 0))
+                sums[name] = (s + torch.as_tensor(value).detach().double(), n + 1)
+                ctx.metrics[f"train/{_strip(name)}"] = sums[name][0] / sums[name][1]
+                if self.trainer is not None:
+                    self.trainer.callback_metrics[name] = torch.as_tensor(value).detach()
+
     # ----------------------------------------------------------------------------------------- evaluation
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batches: Iterable[Any], fabric: Any = None) -> dict[str, float]:
-        step = _eval_step(model)
+        step, stage = self._eval_step(model)
         forward = precision_forward(fabric)
         sums: dict[str, Any] = {}
         objects: dict[str, Any] = dict(self._objects)  # every rank computes every metric (they sync in compute)
+        if self.trainer is not None:
+            self.trainer.at(self.round, (self.round + 1) * self.steps, "testing")
         was = model.training
         model.eval()
         try:
+            hooked = self.trainer is not None and not self.by_loss
+            epoch_logs: dict[str, Any] = {}
+            if hooked:
+                call_hook(model, f"on_{stage}_epoch_start", sink=epoch_logs)
             for i, batch in enumerate(batches):
                 with capture_logs(model) as logs:
                     forward(_Step(step), batch, i)
                 _reduce(logs, batch, sums, objects)
+            if hooked:
+                call_hook(model, f"on_{stage}_epoch_end", sink=epoch_logs)
+                _reduce({k: (v, 1) for k, (v, _) in epoch_logs.items()}, None, sums, objects)
         finally:
             model.train(was)
+        return self._computed(model, sums, objects)
+
+    def _computed(self, model, sums: dict, objects: dict) -> dict[str, float]:
         for name in self._values:  # a rank without test batches still takes part in the reduction
             sums.setdefault(name, _mean_metric(next(model.parameters()).device))
-        out = {f"test_{_strip(k)}": float(m.compute()) for k, m in sums.items()}
-        for k, metric in objects.items():
-            out[f"test_{_strip(k)}"] = float(metric.compute())
-            metric.reset()
+        # every rank computes (and so syncs) the metrics in the same order, whatever order it logged them in
+        values = {k: float(sums[k].compute()) for k in sorted(sums)}
+        for k in sorted(objects):
+            values[k] = float(objects[k].compute())
+            objects[k].reset()
+        out = {f"test_{_strip(k)}": values[k] for k in [*sums, *objects]}
         self._objects.update(objects)
         self._values.update(k for k in sums if k not in objects)
+        if self.trainer is not None:
+            self.trainer.callback_metrics.update({k: torch.tensor(v) for k, v in out.items()})
         return out
 
+    def _eval_step(self, model: nn.Module):
+        """``(step(batch, i), stage)``: ``test_step`` (else ``validation_step``), or the training loss logged as
+        ``test_loss`` when the module has neither or its step logs nothing."""
+        for name, stage in (("test_step", "test"), ("validation_step", "validation")):
+            if not self.by_loss and overrides(model, name):
+                return getattr(model, name), stage
+        module = getattr(model, "_fedlight_module", model)
+
+        def by_loss(batch, i):
+            outer = module.log  # the evaluation's capture; training_step's own logs are not test metrics
+            with capture_logs(module):
+                loss = self.objective(model, batch, i)
+            if loss is not None:
+                outer("test_loss", loss, batch_size=_batch_size(batch))
+
+        return by_loss, "test"
+
     def probe(self, model, train_batch, test_batch, data, fabric=None) -> None:
-        name = _name(model)
-        from lightning.pytorch import LightningModule
+        from fedlight.tasks.lightning_probe import probe
 
-        if type(model).training_step is LightningModule.training_step:
-            raise ConfigError(f"{name} has no training_step: fedlight trains clients with it. Define "
-                              "`training_step(self, batch, batch_idx)` returning the loss")
-        _eval_step(model)
-        was = model.training
-        model.eval()
-        try:
-            with torch.no_grad(), capture_logs(model):
-                loss = guard("the LightningModule's training_step", lambda: self._probe_loss(model, train_batch,
-                                                                                              fabric))
-        finally:
-            model.train(was)
-        if not isinstance(loss, Tensor) or loss.dim() != 0:
-            raise ConfigError(f"{name}.training_step must return a scalar loss, got "
-                              f"{tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__}")
-        logged = guard("the LightningModule's test_step", lambda: self.evaluate(model, [test_batch], fabric))
-        if not logged:
-            raise ConfigError(f"{name}'s {_eval_step(model).__name__} logs nothing: fedlight evaluates the global "
-                              "model with what it logs. Call `self.log(\"test_acc\", acc)` (or a loss) in it")
-        self.names = tuple(k[len("test_"):] for k in logged)
-        if self.headline not in self.names:
-            raise ConfigError(f"`task.headline` {self.headline!r} is not logged by {name}'s test_step (it logs "
-                              f"{', '.join(self.names)})")
-
-    @staticmethod
-    def has_optimizer(model: nn.Module) -> bool:
-        from lightning.pytorch import LightningModule
-
-        return type(model).configure_optimizers is not LightningModule.configure_optimizers
-
-    def optimizer(self, model: nn.Module) -> tuple[type, dict[str, Any], list[str]]:
-        """The class and hyperparameters (first param group, ``lr`` included) of ``configure_optimizers()``, and a
-        line for each part of its return that fedlight does not use (lr schedulers, more optimizers, more param
-        groups): a round-based federated run sets the lr per round with ``loop.lr_schedule``."""
-        opt = model.configure_optimizers()
-        schedulers: list[Any] = []
-        if isinstance(opt, dict):
-            schedulers = [opt["lr_scheduler"]] if opt.get("lr_scheduler") is not None else []
-            opt = opt.get("optimizer")
-        elif isinstance(opt, (list, tuple)):
-            if opt and isinstance(opt[0], (list, tuple)):  # ([optimizers], [schedulers])
-                schedulers = list(opt[1]) if len(opt) > 1 else []
-                opt = list(opt[0])
-            else:
-                opt = list(opt)
-        optimizers = opt if isinstance(opt, list) else [opt]
-        first = optimizers[0] if optimizers else None
-        if not isinstance(first, torch.optim.Optimizer):
-            raise ConfigError(f"{_name(model)}.configure_optimizers must return an optimizer (or a dict/list holding "
-                              f"one), got {type(first).__name__}")
-        name = f"{_name(model)}.configure_optimizers()"
-        notes = []
-        if schedulers:
-            notes.append(f"{name} returns an lr scheduler, which is not used: fedlight sets the lr once per round "
-                         "from `loop.lr_schedule` (set the schedule there)")
-        if len(optimizers) > 1:
-            notes.append(f"{name} returns {len(optimizers)} optimizers; only the first is used")
-        if len(first.param_groups) > 1:
-            notes.append(f"{name}'s optimizer has {len(first.param_groups)} param groups; the first group's "
-                         "hyperparameters apply to every parameter")
-        group = {k: v for k, v in first.param_groups[0].items() if k != "params"}
-        return type(first), group, notes
+        probe(self, model, train_batch, test_batch, fabric)
 
     def __repr__(self) -> str:
         return "LightningTask()"
@@ -202,67 +231,6 @@ class _Step:
         return self.step(batch, i)
 
 
-@contextmanager
-def capture_logs(module: nn.Module):
-    """Within the block, ``module.log(name, value, ...)`` and ``log_dict`` record ``{name: (value, batch_size)}``."""
-    logs: dict[str, tuple[Any, int | None]] = {}
-
-    def log(name, value, *args, batch_size=None, **kwargs):
-        logs[name] = (value, batch_size)
-
-    def log_dict(dictionary, *args, batch_size=None, **kwargs):
-        for k, v in dictionary.items():
-            logs[k] = (v, batch_size)
-
-    module.__dict__["log"], module.__dict__["log_dict"] = log, log_dict
-    try:
-        yield logs
-    finally:
-        module.__dict__.pop("log", None)
-        module.__dict__.pop("log_dict", None)
-
-
-def _reduce(logs: dict[str, tuple[Any, int | None]], batch: Any, sums: dict, objects: dict) -> None:
-    from torchmetrics import Metric
-
-    for name, (value, bs) in logs.items():
-        if isinstance(value, Metric):
-            objects[name] = value
-            continue
-        value = torch.as_tensor(value).detach().double()
-        if name not in sums:
-            sums[name] = _mean_metric(value.device)
-        sums[name].update(value, float(bs if bs is not None else _batch_size(batch)))
-
-
-def _mean_metric(device) -> Any:
-    from torchmetrics import MeanMetric
-
-    return MeanMetric().to(device).set_dtype(torch.float64)
-
-
-def _batch_size(batch: Any) -> int:
-    """The first dimension of the first tensor of ``batch`` (as Lightning infers it)."""
-    if isinstance(batch, Tensor):
-        return batch.shape[0] if batch.dim() else 1
-    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    for item in items:
-        n = _batch_size(item)
-        if n:
-            return n
-    return 1
-
-
-def _eval_step(model: nn.Module):
-    from lightning.pytorch import LightningModule
-
-    for name in ("test_step", "validation_step"):
-        if getattr(type(model), name) is not getattr(LightningModule, name):
-            return getattr(model, name)
-    raise ConfigError(f"{_name(model)} defines neither test_step nor validation_step: fedlight evaluates the global "
-                      "model with one. Define `test_step(self, batch, batch_idx)` that calls `self.log(...)`")
-
-
 def _strip(name: str) -> str:
     for p in PREFIXES:
         if name.startswith(p):
@@ -272,3 +240,11 @@ def _strip(name: str) -> str:
 
 def _name(model: Any) -> str:
     return type(getattr(model, "_fedlight_module", model)).__name__
+
+
+def note(fabric: Any, message: str) -> None:
+    """One ``fedlight: note:`` line from rank 0."""
+    if fabric is not None:
+        fabric.print(f"fedlight: note: {message}")
+    else:
+        print(f"fedlight: note: {message}", file=sys.stderr)

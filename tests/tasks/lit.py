@@ -47,6 +47,34 @@ class LitMLP(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
 
 
+class Scheduled(LitMLP):
+    """A warm-down by step (over estimated_stepping_batches) or a StepLR by epoch; records the trainer state and
+    the lr of every training_step; logs at each epoch end."""
+
+    def __init__(self, interval: str = "step"):
+        super().__init__()
+        self.interval, self.seen = interval, []
+
+    def training_step(self, batch, batch_idx):
+        self.seen.append((self.current_epoch, self.global_step, self.optimizers().param_groups[0]["lr"]))
+        return super().training_step(batch, batch_idx)
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+        total = self.trainer.estimated_stepping_batches
+        if self.interval == "step":
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 - s / total)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)]
+
+    def on_train_epoch_end(self):
+        self.log("epoch_end_step", float(self.trainer.global_step))
+        self.log("w_norm", self.net[0].weight.norm())
+
+    def on_test_epoch_end(self):
+        self.log("test_epoch", float(self.current_epoch))
+
+
 def blobs(n: int, in_features: int = 8, classes: int = 3, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     y = torch.randint(0, classes, (n,), generator=g)

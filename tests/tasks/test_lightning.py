@@ -25,7 +25,8 @@ def _data():
 
 
 def _cfg(**kw):
-    return LoopConfig(rounds=R, clients_per_round=S, local_steps=K, max_grad_norm=None, progress=False, **kw)
+    return LoopConfig(**{"rounds": R, "clients_per_round": S, "local_steps": K, "max_grad_norm": None,
+                         "progress": False, **kw})
 
 
 def _fit(tmp_path, model, name="run", **kw):
@@ -33,8 +34,10 @@ def _fit(tmp_path, model, name="run", **kw):
                         out_dir=str(tmp_path / name), **kw)
 
 
-def _by_hand(model: LitMLP, data) -> dict[str, torch.Tensor]:
-    """FedAvg written out with Fabric: the module's own optimizer and training_step over the same batches."""
+def _by_hand(model: LitMLP, data, lr_at=None, after_client=None) -> dict[str, torch.Tensor]:
+    """FedAvg written out with Fabric: the module's own optimizer and training_step over the same batches;
+    ``lr_at(r, k)``: the lr of step ``k`` of round ``r`` (default the module's); ``after_client(model)``: called
+    after each client's last step."""
     fabric = L.Fabric(accelerator="cpu", precision="64-true")
     model = fabric.strategy.precision.convert_module(model)
     data.input_dtype = torch.float64
@@ -48,12 +51,17 @@ def _by_hand(model: LitMLP, data) -> dict[str, torch.Tensor]:
                     p.copy_(x[k])
             opt = torch.optim.SGD(model.parameters(), lr=model.lr, momentum=model.momentum)
             for k, batch in enumerate(data.client_batches(c, K, client_generator(0, r, c))):
+                for group in opt.param_groups:
+                    group["lr"] = lr_at(r, k) if lr_at is not None else model.lr
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # self.log without a Trainer: not what is tested here
-                    loss = model.training_step(batch, k)["loss"]
+                    out = model.training_step(batch, k)
+                    loss = out["loss"] if isinstance(out, dict) else out
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
+            if after_client is not None:
+                after_client(model)
             deltas.append({k: p.detach() - x[k] for k, p in model.named_parameters()})
             weights.append(data.num_samples(c))
         total = sum(weights)
@@ -101,48 +109,23 @@ def test_training_step_optimizer_and_test_step_are_the_ones_used(tmp_path, capsy
     assert 0 <= rows[-1]["train/train_acc"] <= 1  # self.log in training_step: a per-client training metric
 
 
-class LitWithScheduler(LitMLP):
-    """Returns Lightning's dict form with an lr scheduler, and two param groups."""
-
-    def configure_optimizers(self):
-        self.calls["configure_optimizers"] += 1
-        opt = torch.optim.SGD([{"params": self.net[0].parameters()}, {"params": self.net[2].parameters(), "lr": 9.0}],
-                              lr=self.lr, momentum=self.momentum)
-        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)}
-
-
-def test_what_configure_optimizers_returns_beyond_the_optimizer_is_named_and_the_run_is_unchanged(tmp_path, capsys):
-    """An lr scheduler and a second param group are not used: one note each, and the run is the plain LitMLP's."""
-    torch.manual_seed(0)
-    model = LitWithScheduler()
-    init = {k: v.clone() for k, v in model.state_dict().items()}
-    _fit(tmp_path, model, name="sched")
-    err = "".join(capsys.readouterr())
-    assert "returns an lr scheduler, which is not used: fedlight sets the lr once per round from " \
-           "`loop.lr_schedule`" in err
-    assert "optimizer has 2 param groups; the first group's hyperparameters apply to every parameter" in err
-    plain = LitMLP()
-    plain.load_state_dict(init)
-    _fit(tmp_path, plain, name="plain")
-    a = torch.load(tmp_path / "sched" / "final_model.pt", weights_only=True)
-    b = torch.load(tmp_path / "plain" / "final_model.pt", weights_only=True)
-    assert all(torch.equal(a[k], b[k]) for k in b)
-
-
-@pytest.mark.parametrize("form", ["list", "lists"])
+@pytest.mark.parametrize("form", ["list", "lists", "dicts"])
 def test_configure_optimizers_list_forms(form):
-    from fedlight.tasks import LightningTask
+    from fedlight.tasks.lightning_schedule import read_configure_optimizers
 
     class Lit(LitMLP):
         def configure_optimizers(self):
             a = torch.optim.SGD(self.parameters(), lr=0.3)
             b = torch.optim.Adam(self.parameters(), lr=0.1)
+            if form == "dicts":
+                return [{"optimizer": a, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(a, 1),
+                                                          "interval": "step", "frequency": 2}}, {"optimizer": b}]
             return [a, b] if form == "list" else ([a, b], [torch.optim.lr_scheduler.StepLR(a, 1)])
 
-    cls, group, notes = LightningTask().optimizer(Lit())
-    assert (cls, group["lr"]) == (torch.optim.SGD, 0.3)
-    assert any("returns 2 optimizers; only the first is used" in n for n in notes)
-    assert any("lr scheduler" in n for n in notes) == (form == "lists")
+    optimizers, configs = read_configure_optimizers(Lit().configure_optimizers(), "Lit")
+    assert [type(o) for o in optimizers] == [torch.optim.SGD, torch.optim.Adam]
+    assert [(c["interval"], c["frequency"]) for c in configs] == {
+        "list": [], "lists": [("epoch", 1)], "dicts": [("step", 2)]}[form]
 
 
 def test_a_rule_with_its_own_optimizer_keeps_it_and_says_so(tmp_path, capsys):
@@ -178,14 +161,11 @@ def test_a_lightning_datamodule_is_used_as_it_is(tmp_path):
 @pytest.mark.parametrize("problem, match", [
     ("no_training_step", "has no training_step"),
     ("per_sample_loss", "must return a scalar loss"),
-    ("logs_nothing", "logs nothing"),
 ])
 def test_bad_lightning_modules_are_refused_before_round_1(tmp_path, problem, match):
     model = LitMLP(per_sample_loss=problem == "per_sample_loss")
     if problem == "no_training_step":
         model = type("NoStep", (LitMLP,), {"training_step": L.pytorch.LightningModule.training_step})()
-    if problem == "logs_nothing":
-        model = type("Silent", (LitMLP,), {"test_step": lambda self, batch, i: None})()
     with pytest.raises(ConfigError, match=match):
         _fit(tmp_path, model)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

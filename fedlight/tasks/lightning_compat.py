@@ -1,0 +1,55 @@
+"""Both Lightning packages: ``lightning.pytorch`` and the standalone ``pytorch_lightning``.
+
+A module or data module written against either is recognised the same way; neither package is required by the
+other (whichever is installed is used). A plain ``nn.Module`` stays a plain module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+PACKAGES = ("lightning.pytorch", "pytorch_lightning")
+
+
+def _classes(name: str) -> list[type]:
+    """``name`` (e.g. ``LightningModule``) from each installed Lightning package."""
+    out = []
+    for package in PACKAGES:
+        try:
+            out.append(getattr(importlib.import_module(package), name))
+        except (ImportError, AttributeError):
+            continue
+    return out
+
+
+def lightning_base(obj: Any, name: str = "LightningModule") -> type | None:
+    """The ``LightningModule`` (or ``name``) class of the package ``obj``'s class derives from, else ``None``."""
+    for cls in _classes(name):
+        if isinstance(obj, cls):
+            return cls
+    return None
+
+
+def is_lightning_module(model: Any) -> bool:
+    return lightning_base(model) is not None
+
+
+def is_lightning_datamodule(data: Any) -> bool:
+    return lightning_base(data, "LightningDataModule") is not None
+
+
+def overrides(obj: Any, method: str) -> bool:
+    """Whether ``obj``'s class defines ``method`` itself (not the Lightning default)."""
+    base = lightning_base(obj) or lightning_base(obj, "LightningDataModule")
+    return base is not None and getattr(type(obj), method, None) is not getattr(base, method, None)
+
+
+def misconfiguration_errors() -> tuple[type, ...]:
+    out = []
+    for package in PACKAGES:
+        try:
+            out.append(importlib.import_module(f"{package}.utilities.exceptions").MisconfigurationException)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(out)

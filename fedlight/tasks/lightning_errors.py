@@ -1,0 +1,52 @@
+"""An exception raised by the user's own code mid-run: the user's frames (fedlight's, torch's and Lightning's
+trimmed), then which rounds are kept and how to continue. The command line exits with status 1."""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+import traceback
+from pathlib import Path
+from typing import Any
+
+from fedlight.errors import ConfigError
+
+LIBRARIES = ("fedlight", "torch", "lightning", "pytorch_lightning", "lightning_fabric", "torchmetrics", "jsonargparse")
+
+
+class UserCodeError(ConfigError):
+    """The module's own code raised during training; the message shows its frames and what is kept."""
+
+    status = 1
+
+
+def user_code_error(e: BaseException, record: Any) -> UserCodeError | None:
+    """``e`` as a :class:`UserCodeError` when the traceback passes through the user's code (not a fedlight,
+    library or standard-library file), else ``None``."""
+    if not isinstance(e, Exception) or type(e).__module__.split(".")[0] in LIBRARIES:
+        return None
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if _users(f.filename)]
+    if not frames:
+        return None
+    try:
+        record.flush()  # the last checkpoint written in the background is on disk before saying it is kept
+    except Exception:  # noqa: BLE001 - the message below still holds for what reached the disk
+        pass
+    kept = getattr(record, "saved_round", 0)
+    where = "".join(traceback.format_list(frames)).rstrip()
+    what = "".join(traceback.format_exception_only(type(e), e)).strip()
+    rounds = (f"rounds 1-{kept} are kept in {record.out}/checkpoints/last.ckpt; fix the code and rerun the same "
+              f"command with `--resume auto` to continue exactly from round {kept + 1}" if kept else
+              "no round had finished, so nothing is kept; fix the code and rerun")
+    return UserCodeError(f"your code raised during training:\n{where}\n{what}\nfedlight: {rounds}")
+
+
+def _users(filename: str) -> bool:
+    path = Path(filename)
+    if filename.startswith("<") or not path.suffix == ".py":
+        return False
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    if any(str(path).startswith(r) for r in roots if r):
+        return False
+    package = Path(sys.modules["fedlight"].__file__).resolve().parent
+    return package not in path.resolve().parents

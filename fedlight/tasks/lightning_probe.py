@@ -1,0 +1,84 @@
+"""Before round 1: one training and one test batch through a LightningModule, changing nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedlight.errors import ConfigError
+from fedlight.tasks.base import guard
+from fedlight.tasks.lightning_compat import overrides
+from fedlight.tasks.lightning_hooks import call_hook
+from fedlight.tasks.lightning_logs import capture_logs
+
+
+class _NoStep:
+    """``self.optimizers()`` during the probe: steps nothing."""
+
+    def __init__(self, optimizers: list) -> None:
+        self.param_groups = [dict(g) for g in optimizers[0].param_groups] if optimizers else [{}]
+
+    def step(self, closure=None):
+        return None
+
+    def zero_grad(self, set_to_none=True):
+        return None
+
+
+def probe(task: Any, model, train_batch, test_batch, fabric=None) -> None:
+    """Refuse, with the fix, a module without ``training_step``, a non-scalar loss or a module/data mismatch; learn
+    what the evaluation logs (falling back to the training loss, with a note, when it logs nothing); then
+    ``on_fit_start``."""
+    from fedlight.tasks.lightning import _name, note
+
+    name = _name(model)
+    if not overrides(model, "training_step"):
+        raise ConfigError(f"{name} has no training_step: fedlight trains clients with it. Define "
+                          "`training_step(self, batch, batch_idx)` returning the loss")
+    loss = _probe_loss(task, model, train_batch, fabric)
+    if not task.manual and (not isinstance(loss, Tensor) or loss.dim() != 0):
+        raise ConfigError(f"{name}.training_step must return a scalar loss, got "
+                          f"{tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__}")
+    step = next((s for s in ("test_step", "validation_step") if overrides(model, s)), None)
+    task.by_loss = step is None
+    logged = guard(f"the LightningModule's {step or 'training_step on a test batch'}",
+                   lambda: task.evaluate(model, [test_batch], fabric))
+    if not logged and step is not None:
+        task.by_loss = True
+        logged = guard("the LightningModule's training_step on a test batch",
+                       lambda: task.evaluate(model, [test_batch], fabric))
+    if task.by_loss:
+        why = f"{name}.{step} logs nothing" if step else f"{name} defines neither test_step nor validation_step"
+        note(fabric, f"{why}: the global model is evaluated by training_step's loss on the test set (`test_loss`); "
+                     "log a metric with `self.log(\"test_acc\", acc)` in a test_step to report your own")
+    task.names = tuple(k[len("test_"):] for k in logged)
+    if task.headline not in task.names:
+        raise ConfigError(f"`task.headline` {task.headline!r} is not logged by {name}'s test_step (it logs "
+                          f"{', '.join(task.names)})")
+    if task.trainer is not None:
+        task.trainer.at(0, 0, "training")
+        call_hook(model, "on_fit_start")
+        call_hook(model, "on_train_start")
+
+
+def _probe_loss(task: Any, model, batch, fabric) -> Any:
+    was = model.training
+    model.eval()
+    saved = {k: model.__dict__.get(k) for k in ("optimizers", "manual_backward")}
+    optimizers = task.trainer.optimizers if task.trainer is not None else []
+    model.__dict__["optimizers"] = lambda use_pl_optimizer=True: _NoStep(optimizers)
+    if task.manual:
+        model.__dict__["manual_backward"] = lambda loss, *a, **kw: None
+    try:
+        with torch.no_grad(), capture_logs(model):
+            return guard("the LightningModule's training_step", lambda: task._probe_loss(model, batch, fabric),
+                         batch)
+    finally:
+        model.train(was)
+        for k, v in saved.items():
+            if v is None:
+                model.__dict__.pop(k, None)
+            else:
+                model.__dict__[k] = v

@@ -1,0 +1,111 @@
+"""What ``configure_optimizers`` returns, read in every form Lightning accepts, and its lr schedulers replayed.
+
+A client's lr at local step ``k`` of round ``r`` is what the module's schedulers give after the scheduler steps a
+Lightning Trainer would have taken before that batch had the client trained every round before: an
+``interval: "step"`` scheduler steps after every ``frequency``-th of the client's optimizer steps (global step
+``r·K + k``), an ``interval: "epoch"`` one after every ``frequency``-th round. The schedulers are replayed on their
+own optimizer (never the one that trains), once per distinct ``K``, and each value is kept.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from fedlight.errors import ConfigError
+
+
+def read_configure_optimizers(out: Any, name: str) -> tuple[list[torch.optim.Optimizer], list[dict[str, Any]]]:
+    """``(optimizers, scheduler configs)`` from any return form of ``configure_optimizers``; each config is a dict
+    with ``scheduler``, ``interval`` and ``frequency``."""
+    optimizers: list[Any] = []
+    scheds: list[Any] = []
+    if isinstance(out, dict):
+        out = [out]
+    if isinstance(out, torch.optim.Optimizer):
+        optimizers = [out]
+    elif isinstance(out, (list, tuple)) and out and all(isinstance(o, dict) for o in out):
+        for d in out:
+            optimizers.append(d.get("optimizer"))
+            if d.get("lr_scheduler") is not None:
+                scheds.append(d["lr_scheduler"])
+    elif isinstance(out, (list, tuple)) and len(out) == 2 and isinstance(out[0], (list, tuple)):
+        optimizers, scheds = list(out[0]), list(out[1]) if isinstance(out[1], (list, tuple)) else [out[1]]
+    elif isinstance(out, (list, tuple)):
+        optimizers = list(out)
+    if not optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in optimizers):
+        got = type(optimizers[0]).__name__ if optimizers else type(out).__name__
+        raise ConfigError(f"{name}.configure_optimizers must return an optimizer (or a dict/list holding one), got "
+                          f"{got}")
+    configs = [_config(s, name) for s in scheds]
+    return optimizers, configs
+
+
+def _config(s: Any, name: str) -> dict[str, Any]:
+    config = dict(s) if isinstance(s, dict) else {"scheduler": s}
+    config.setdefault("interval", "epoch")
+    config.setdefault("frequency", 1)
+    sched = config.get("scheduler")
+    if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        raise ConfigError(f"{name}.configure_optimizers returns ReduceLROnPlateau, which fedlight cannot replay (it "
+                          "steps on a monitored validation value, and a federated run has no per-client one); use "
+                          "a schedule by step or epoch, or `loop.lr_schedule`")
+    if config["interval"] not in ("step", "epoch") or not hasattr(sched, "step"):
+        raise ConfigError(f"{name}.configure_optimizers: an lr scheduler config needs a `scheduler` with `step()` and "
+                          f"`interval` 'step' or 'epoch', got {config}")
+    return config
+
+
+class Schedule:
+    """The lr of optimizer ``optimizer``'s first param group along a client's steps (see the module docstring)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, configs: list[dict[str, Any]]) -> None:
+        self.optimizer, self.configs = optimizer, [c for c in configs if _optimizer_of(c) is optimizer]
+        self.start = [c["scheduler"].state_dict() for c in self.configs], [
+            g["lr"] for g in optimizer.param_groups]
+        self.tables: dict[int, list[float]] = {}
+        self._replaying: int | None = None  # the K whose table the schedulers' current state continues
+
+    def __bool__(self) -> bool:
+        return bool(self.configs)
+
+    def describe(self) -> str:
+        return " + ".join(f"{type(c['scheduler']).__name__} per {c['interval']}"
+                          f"{'' if c['frequency'] == 1 else ' every ' + str(c['frequency'])}" for c in self.configs)
+
+    def lr(self, round: int, step: int, steps: int) -> float:
+        """The lr at local step ``step`` of round ``round`` for a client taking ``steps`` steps per round."""
+        table = self.tables.setdefault(steps, [])
+        if len(table) <= round * steps + step:
+            self._replay(table, steps, (round + 1) * steps)
+        return table[round * steps + step]
+
+    def _replay(self, table: list[float], steps: int, until: int) -> None:
+        if self._replaying != steps:  # start over from the schedulers' initial state
+            states, lrs = self.start
+            for c, st in zip(self.configs, states):
+                c["scheduler"].load_state_dict(st)
+            for g, lr in zip(self.optimizer.param_groups, lrs):
+                g["lr"] = lr
+            table.clear()
+            self._replaying = steps
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": nothing trains here
+            for t in range(len(table), until):
+                table.append(float(self.optimizer.param_groups[0]["lr"]))
+                self._after_step(t, steps)
+
+    def _after_step(self, t: int, steps: int) -> None:
+        for c in self.configs:
+            if c["interval"] == "step" and (t + 1) % c["frequency"] == 0:
+                c["scheduler"].step()
+        if (t + 1) % steps == 0:
+            for c in self.configs:
+                if c["interval"] == "epoch" and ((t + 1) // steps) % c["frequency"] == 0:
+                    c["scheduler"].step()
+
+
+def _optimizer_of(config: dict[str, Any]) -> Any:
+    return getattr(config["scheduler"], "optimizer", None)

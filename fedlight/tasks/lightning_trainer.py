@@ -1,0 +1,80 @@
+"""``self.trainer`` while fedlight calls a LightningModule's hooks: a small stand-in with federated meanings.
+
+No Lightning ``Trainer`` runs. The attributes modules read are given these meanings (docs/lightning.md):
+
+* ``current_epoch`` = the round ``r`` (0-based); ``max_epochs`` = ``loop.rounds`` (R);
+* ``global_step`` = a client's optimizer steps as if it had trained every round before, ``r·K + k`` (during
+  evaluation after round ``r``: ``(r+1)·K``);
+* ``max_steps`` = ``estimated_stepping_batches`` = ``R·K`` (K: the largest client's local steps), so a warm-up or
+  a OneCycle schedule spans the whole run of one client;
+* ``num_training_batches`` = ``K``; ``world_size`` / ``global_rank`` / ``num_devices`` = fedlight's processes;
+* ``callback_metrics`` = the values logged so far (the last client's and the last evaluation's);
+* ``optimizers`` / ``lr_scheduler_configs`` = what ``configure_optimizers`` returned (the optimizer that steps a
+  client is built per client and round; see ``self.optimizers()``).
+
+Any other attribute raises :class:`NotUnderFedlight` naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedlight.errors import ConfigError
+
+PROVIDED = ("global_step", "current_epoch", "max_epochs", "max_steps", "estimated_stepping_batches",
+            "num_training_batches", "num_devices", "num_nodes", "world_size", "global_rank", "local_rank",
+            "node_rank", "is_global_zero", "precision", "callback_metrics", "logged_metrics", "lightning_module",
+            "optimizers", "lr_scheduler_configs", "training", "testing", "validating", "sanity_checking",
+            "logger", "loggers", "datamodule", "accumulate_grad_batches", "progress_bar_callback", "fast_dev_run")
+
+
+class NotUnderFedlight(ConfigError, AttributeError):
+    """A Trainer attribute fedlight does not provide (an ``AttributeError`` too, so ``hasattr`` says False)."""
+
+
+class FedTrainer:
+    """The stand-in ``self.trainer``; fedlight updates ``global_step``, ``current_epoch`` and the flags."""
+
+    def __init__(self, module: Any, rounds: int, steps: int, fabric: Any = None, datamodule: Any = None) -> None:
+        ws = fabric.world_size if fabric is not None else 1
+        rank = fabric.global_rank if fabric is not None else 0
+        d = self.__dict__
+        d.update(lightning_module=module, max_epochs=rounds, max_steps=rounds * steps,
+                 estimated_stepping_batches=rounds * steps, num_training_batches=steps, world_size=ws,
+                 num_devices=ws, num_nodes=1, global_rank=rank, local_rank=rank, node_rank=0,
+                 is_global_zero=rank == 0, global_step=0, current_epoch=0, callback_metrics={}, logged_metrics={},
+                 optimizers=[], lr_scheduler_configs=[], training=False, testing=False, validating=False,
+                 sanity_checking=False, logger=None, loggers=[], datamodule=datamodule, accumulate_grad_batches=1,
+                 progress_bar_callback=None, fast_dev_run=False,
+                 precision=str(getattr(getattr(fabric, "_connector", None), "_precision_input", "32-true")))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise NotUnderFedlight(f"`self.trainer.{name}` is not available under fedlight: no Lightning Trainer runs. "
+                               f"fedlight's stand-in provides {', '.join(PROVIDED)} (see docs/lightning.md)")
+
+    def at(self, round: int, step: int, mode: str = "training") -> FedTrainer:
+        """Set the round (``current_epoch``), ``global_step`` and which of training/testing is in progress."""
+        self.current_epoch, self.global_step = round, step
+        self.training, self.testing = mode == "training", mode == "testing"
+        return self
+
+    def __repr__(self) -> str:
+        return f"FedTrainer(current_epoch={self.current_epoch}, global_step={self.global_step})"
+
+
+def attach(module: Any, trainer: FedTrainer | None) -> None:
+    """``module.trainer = trainer`` (and on every LightningModule inside it); ``None`` detaches. While attached,
+    ``self.log`` outside the moments fedlight captures (e.g. a rule's own objective) keeps nothing."""
+    module.trainer = trainer
+    names = ("log", "log_dict", "optimizers", "manual_backward", "lr_schedulers")
+    if trainer is None:
+        for name in names:
+            module.__dict__.pop(name, None)
+    else:
+        module.__dict__["log"] = module.__dict__["log_dict"] = _discard
+
+
+def _discard(*args: Any, **kwargs: Any) -> None:
+    return None
