@@ -50,13 +50,16 @@ def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, da
     first, group = _module_optimizer(task, fabric, model, name)
     args = ", ".join(f"{k}={v}" for k, v in group.items()
                      if k in ("lr", "weight_decay") or (isinstance(v, (int, float, tuple)) and v and v is not True))
-    sched = (f"its lr schedule {task.schedule.describe()} (replayed per client step r·K+k; `loop.lr_schedule` does "
-             "not apply)") if task.schedule else "constant lr (no lr scheduler; `loop.lr_schedule` does not apply)"
+    in_round = "constant" if task.schedule else loop.local_lr_schedule  # the module's own schedule wins
+    sched = (f"its lr schedule {task.schedule.describe()} (replayed per client step r·K+k; `loop.lr_schedule` and "
+             "`loop.local_lr_schedule` do not apply)") if task.schedule else (
+        "constant lr (no lr scheduler; `loop.lr_schedule` does not apply)" if in_round == "constant" else
+        f"the module's lr under `loop.local_lr_schedule` {in_round} within each round (no lr scheduler)")
     _say(fabric, task, f"local optimizer from {name}.configure_optimizers(): {type(first).__name__}({args}); "
          f"{sched}; {_clip(clip)}; `loop.lr`, `loop.optimizer`, `loop.momentum` and `loop.weight_decay` are not used")
     _sgd_note(fabric, algorithm, first, group)
     loop = dataclasses.replace(loop, lr=float(group["lr"]), weight_decay=float(group.get("weight_decay", 0.0)),
-                               momentum=0.0, lr_schedule=LRSchedule())
+                               momentum=0.0, lr_schedule=LRSchedule(), local_lr_schedule=in_round)
     hyper = {k: v for k, v in group.items() if k in _init_args(type(first)) and k != "lr"}
     task.hint = (f"the module's local optimizer {type(first).__name__} at lr {group['lr']:g} (from "
                  f"{name}.configure_optimizers()) may be too large for {type(algorithm).__name__}; lower it there")

@@ -30,9 +30,10 @@ def test_the_modules_schedule_trainer_state_and_epoch_hooks_equal_a_hand_loop(tm
     torch.manual_seed(0)
     model = Scheduled(interval)
     init = {k: v.clone() for k, v in model.state_dict().items()}
-    summary = _fit(tmp_path, model)
+    # an in-round cosine asked of the loop does not apply on top of the module's own schedule
+    summary = _fit(tmp_path, model, loop={"local_lr_schedule": "cosine"})
     err = "".join(capsys.readouterr())
-    assert "replayed per client step r·K+k; `loop.lr_schedule` does not apply" in err
+    assert "replayed per client step r·K+k; `loop.lr_schedule` and `loop.local_lr_schedule` do not apply" in err
     seen = model.seen[1:]  # the probe's call first
     assert [(e, s) for e, s, _ in seen] == [(r, r * K + k) for r in range(R) for _ in range(3) for k in range(K)]
     assert [lr for *_, lr in seen] == pytest.approx([lr_at(r, k) for r in range(R) for _ in range(3)
