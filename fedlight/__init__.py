@@ -8,27 +8,18 @@ so a rule lifted into a custom Fabric script pays for nothing else.
 
 __version__ = "0.1.0"
 
-from fedlight.params import Params  # noqa: E402
-from fedlight.registry import create, get_algorithm, list_algorithms, register  # noqa: E402
-from fedlight.rules import (  # noqa: E402
-    Algorithm,
-    Broadcast,
-    ClientResult,
-    LocalContext,
-    LocalUpdateRule,
-    RoundInfo,
-    ServerRule,
-    cross_entropy,
-)
-from fedlight.sampling import sample_clients  # noqa: E402
-
 __all__ = [
     "Algorithm", "Broadcast", "ClientResult", "LocalContext", "LocalUpdateRule", "Params", "RoundInfo",
     "ServerRule", "create", "cross_entropy", "fit", "get_algorithm", "list_algorithms", "register",
     "sample_clients",
 ]
 
-_LAZY = {"fit": "fedlight.api"}  # name -> module, imported on first access (PEP 562)
+_LAZY = {"fit": "fedlight.api", "Params": "fedlight.params", "sample_clients": "fedlight.sampling",
+         **dict.fromkeys(("create", "get_algorithm", "list_algorithms", "register"), "fedlight.registry"),
+         **dict.fromkeys(("Algorithm", "Broadcast", "ClientResult", "LocalContext", "LocalUpdateRule", "RoundInfo",
+                          "ServerRule", "cross_entropy"), "fedlight.rules")}
+"""name -> module, imported on first access (PEP 562): ``import fedlight`` itself loads nothing (the command line
+catches stop signals before torch is imported)."""
 
 
 def __getattr__(name: str):

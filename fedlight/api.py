@@ -16,7 +16,8 @@ from fedlight.errors import ConfigError, check
 from fedlight.rules import Algorithm
 from fedlight.run import stops
 from fedlight.run.directory import LOCK_NAME, check_out_dir, differences, settings_hash, split_settings
-from fedlight.run.files import load_checkpoint
+from fedlight.run.faults import fault
+from fedlight.run.files import DamagedFile, check_metrics, load_checkpoint
 from fedlight.run.record import RUN_FILES, RunRecord
 from fedlight.spec import describe
 from fedlight.tasks import Task
@@ -91,27 +92,76 @@ def fit(
     fabric = _fabric(accelerator, devices, num_nodes, precision)
     record = RunRecord(out, rank0=fabric.global_rank == 0, rounds=loop.rounds, progress=loop.progress,
                        hint=_lr_hint(algorithm, loop))
+    record.rotate = ckpt_path is None or ckpt_path.name != "prev.ckpt"  # else last.ckpt is damaged: not kept
     _agree(fabric, record.acquire)
-    refused = True
+    refused, agreed = True, False
     try:
         runner = _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_path, defining, precision)
         _annotate(record, runner, ckpt, defining, execution, seed)
         refused = False
-        record.open(text, data, overwrite=overwrite and ckpt is None, fresh=ckpt is None)
-        with stops.stop_signals(), stops.disk_guard(record):  # clean stops on signals and failed writes
-            return runner.fit(record)
+        with stops.disk_guard(record):  # a failed write: one message, exit 74
+            record.open(text, data, overwrite=overwrite and ckpt is None, fresh=ckpt is None)
+            with stops.stop_signals():  # clean stops on signals
+                try:
+                    summary = runner.fit(record)
+                except stops.Stopped:
+                    agreed = True  # every process stops after the same round
+                    raise
+        agreed = True
+        return summary
     finally:
         record.close(refused=refused)
+        _end_processes(fabric, agreed)
+
+
+def _end_processes(fabric, agreed: bool) -> None:
+    """With several processes, after a run they all ended the same way (finished or stopped): leave the process
+    group together, so gloo's worker threads are stopped while the interpreter is whole (a group left to the
+    interpreter's exit can abort it: ``terminate called without an active exception``), and let the launching
+    process wait for the ranks it started, so none outlives it."""
+    if fabric.world_size == 1 or not agreed:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for proc in getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or []:
+        proc.wait()
 
 
 def _checkpoint(out: Path, resume: str | None, overwrite: bool, defining: dict[str, Any]):
     """The checkpoint a resume continues from (path and contents; ``None`` for a fresh run), after checking that
     ``out`` may be used, and whether to clear it (a failed start's directory is reused)."""
     check_out_dir(out)
-    ckpt_path = _resolve_resume(resume, out, defining)
-    ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else None
+    ckpt_path, ckpt = _load_resume(_resolve_resume(resume, out, defining), resume == "auto")
+    if ckpt is not None and ckpt_path.parent.parent.resolve() == out.resolve():
+        last = json.loads(ckpt["last_row"]) if ckpt.get("last_row") else {}
+        check_metrics(out / "metrics.jsonl", int(ckpt["round"]), last.get("round"))
     overwrite = _check_existing(out, resume, overwrite)
     return ckpt_path, ckpt, overwrite
+
+
+def _load_resume(path: Path | None, auto: bool) -> tuple[Path | None, dict[str, Any] | None]:
+    """The checkpoint at ``path``; when it is a damaged ``last.ckpt``, ``--resume auto`` takes the previous good one
+    (``prev.ckpt``, saying so) and an explicit path is refused naming it."""
+    if path is None:
+        return None, None
+    try:
+        return path, load_checkpoint(path)
+    except DamagedFile as e:
+        prev = path.with_name("prev.ckpt")
+        if path.name != "last.ckpt" or not prev.is_file():
+            raise
+        try:
+            ckpt = load_checkpoint(prev)
+        except ConfigError as e2:
+            raise DamagedFile(f"{e}; the previous one is unusable too: {e2}") from None
+        if not auto:
+            raise DamagedFile(f"{e}. The previous checkpoint {prev} (round {ckpt['round']}) is intact: continue from "
+                              f"it with `--resume auto` or `--resume {prev}`") from None
+        _note(f"{e}; continuing from the previous good checkpoint {prev} (round {ckpt['round']}), the rounds after "
+              "it are recomputed")
+        return prev, ckpt
 
 
 def _annotate(record: RunRecord, runner, ckpt, defining: dict[str, Any], execution: dict[str, Any], seed: int) -> None:
@@ -210,6 +260,7 @@ def _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_p
     data.input_dtype = torch.float64 if precision == "64-true" else torch.float32  # float64 data keeps its precision
     with fabric.rank_zero_first():
         data.setup(fabric.device, seed)
+    fault("setup", 0)
     check(loop.clients_per_round <= data.num_clients,
           f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({data.num_clients})")
     task = resolve_task(task, model, data)  # set up by the loop, with the data
@@ -330,8 +381,8 @@ def _resolve_resume(resume: str | None, out: Path, defining: dict[str, Any] | No
         return None
     if resume == "auto":
         last = out / "checkpoints" / "last.ckpt"
-        if last.exists():
-            return last
+        if last.exists() or last.with_name("prev.ckpt").exists():  # prev alone: killed between the two renames
+            return last if last.exists() else last.with_name("prev.ckpt")
         _note(f"`--resume auto` found no checkpoint in {out}: nothing to resume, starting a new run there"
               f"{_other_run(out, defining or {})}")
         return None
