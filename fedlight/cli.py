@@ -278,6 +278,8 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     previous = stops.from_start()  # the first instruction: a stop signal during imports or set-up is a clean stop
+    if argv is None:
+        stops.die_with_parent()
     try:
         status = _main(argv)
     except stops.StoppedAtStart as e:  # during start-up (the rounds raise Stopped inside _main)

@@ -33,6 +33,7 @@ import contextlib
 import errno
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -92,6 +93,24 @@ def from_start() -> dict[int, object]:
     if threading.current_thread() is not threading.main_thread():
         return {}
     return {sig: signal.signal(sig, _at_start) for name in STOP_SIGNALS if (sig := getattr(signal, name, None))}
+
+
+def die_with_parent() -> None:
+    """A process started by ``fedlight reproduce`` (or by ``fedlight fit`` for ``--devices N``) gets ``SIGTERM`` when
+    the process that started it dies (Linux), and stops cleanly: ``FEDLIGHT_PARENT_PID`` names that process. The
+    processes this one starts inherit this one's pid there."""
+    parent = os.environ.get("FEDLIGHT_PARENT_PID")
+    os.environ["FEDLIGHT_PARENT_PID"] = str(os.getpid())
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):  # the parent died before prctl: stop now
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def restore(previous: dict[int, object]) -> None:
