@@ -1,9 +1,9 @@
 """fedlight: Lightning Fabric training recipes for federated optimization research.
 
 The package's face is the rule contract (``Algorithm``, ``LocalUpdateRule``, ``ServerRule`` ...), the registry and
-:func:`fit`. Importing ``fedlight`` (or ``fedlight.rules``, or one rule such as ``fedlight.algorithms.fedsam``) loads
-only the contract: ``fit`` and with it the loop, the data modules, the models and Lightning are imported on first use,
-so a rule lifted into a custom Fabric script pays for nothing else.
+:func:`fit`. Importing ``fedlight`` loads nothing until a name is used; ``fedlight.rules`` (or one rule such as
+``fedlight.algorithms.fedsam``) loads only the contract: ``fit`` and with it the loop, the data modules, the models
+and Lightning are imported on first use, so a rule lifted into a custom Fabric script pays for nothing else.
 """
 
 __version__ = "0.1.0"

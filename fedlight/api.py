@@ -15,9 +15,16 @@ from fedlight.data import FederatedDataModule, as_federated
 from fedlight.errors import ConfigError, check
 from fedlight.rules import Algorithm
 from fedlight.run import stops
-from fedlight.run.directory import LOCK_NAME, check_out_dir, differences, settings_hash, split_settings
+from fedlight.run.directory import (
+    LOCK_NAME,
+    check_out_dir,
+    differences,
+    load_resume,
+    settings_hash,
+    split_settings,
+)
 from fedlight.run.faults import fault
-from fedlight.run.files import DamagedFile, check_metrics, load_checkpoint
+from fedlight.run.files import check_metrics, load_checkpoint
 from fedlight.run.record import RUN_FILES, RunRecord
 from fedlight.spec import describe
 from fedlight.tasks import Task
@@ -88,12 +95,14 @@ def fit(
     defining, execution = split_settings(_settings(text, precision))
     out = Path(out_dir) if out_dir else Path("runs") / f"{_default_name(algorithm, model, data, seed)}-" \
         f"{settings_hash(defining)}"
-    ckpt_path, ckpt, overwrite = _checkpoint(out, resume, overwrite, defining)
+    ckpt_path, ckpt, overwrite = _checkpoint(out, resume, overwrite, defining)  # overwrite: True, False or "reuse"
     fabric = _fabric(accelerator, devices, num_nodes, precision)
     record = RunRecord(out, rank0=fabric.global_rank == 0, rounds=loop.rounds, progress=loop.progress,
                        hint=_lr_hint(algorithm, loop))
     record.rotate = ckpt_path is None or ckpt_path.name != "prev.ckpt"  # else last.ckpt is damaged: not kept
     _agree(fabric, record.acquire)
+    if overwrite == "reuse":  # said once the directory is ours (a run refused by the lock replaces nothing)
+        _note(f"{out} holds a run that finished no round; reusing it (its files are replaced)")
     refused, agreed = True, False
     try:
         runner = _prepare(fabric, model, data, algorithm, task, loop, seed, out, ckpt, ckpt_path, defining, precision)
@@ -111,57 +120,19 @@ def fit(
         return summary
     finally:
         record.close(refused=refused)
-        _end_processes(fabric, agreed)
-
-
-def _end_processes(fabric, agreed: bool) -> None:
-    """With several processes, after a run they all ended the same way (finished or stopped): leave the process
-    group together, so gloo's worker threads are stopped while the interpreter is whole (a group left to the
-    interpreter's exit can abort it: ``terminate called without an active exception``), and let the launching
-    process wait for the ranks it started, so none outlives it."""
-    if fabric.world_size == 1 or not agreed:
-        return
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    for proc in getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or []:
-        proc.wait()
+        stops.end_processes(fabric, agreed)
 
 
 def _checkpoint(out: Path, resume: str | None, overwrite: bool, defining: dict[str, Any]):
     """The checkpoint a resume continues from (path and contents; ``None`` for a fresh run), after checking that
     ``out`` may be used, and whether to clear it (a failed start's directory is reused)."""
     check_out_dir(out)
-    ckpt_path, ckpt = _load_resume(_resolve_resume(resume, out, defining), resume == "auto")
+    ckpt_path, ckpt = load_resume(_resolve_resume(resume, out, defining), resume == "auto", _note)
     if ckpt is not None and ckpt_path.parent.parent.resolve() == out.resolve():
         last = json.loads(ckpt["last_row"]) if ckpt.get("last_row") else {}
         check_metrics(out / "metrics.jsonl", int(ckpt["round"]), last.get("round"))
     overwrite = _check_existing(out, resume, overwrite)
     return ckpt_path, ckpt, overwrite
-
-
-def _load_resume(path: Path | None, auto: bool) -> tuple[Path | None, dict[str, Any] | None]:
-    """The checkpoint at ``path``; when it is a damaged ``last.ckpt``, ``--resume auto`` takes the previous good one
-    (``prev.ckpt``, saying so) and an explicit path is refused naming it."""
-    if path is None:
-        return None, None
-    try:
-        return path, load_checkpoint(path)
-    except DamagedFile as e:
-        prev = path.with_name("prev.ckpt")
-        if path.name != "last.ckpt" or not prev.is_file():
-            raise
-        try:
-            ckpt = load_checkpoint(prev)
-        except ConfigError as e2:
-            raise DamagedFile(f"{e}; the previous one is unusable too: {e2}") from None
-        if not auto:
-            raise DamagedFile(f"{e}. The previous checkpoint {prev} (round {ckpt['round']}) is intact: continue from "
-                              f"it with `--resume auto` or `--resume {prev}`") from None
-        _note(f"{e}; continuing from the previous good checkpoint {prev} (round {ckpt['round']}), the rounds after "
-              "it are recomputed")
-        return prev, ckpt
 
 
 def _annotate(record: RunRecord, runner, ckpt, defining: dict[str, Any], execution: dict[str, Any], seed: int) -> None:
@@ -419,15 +390,14 @@ def _note(message: str) -> None:
         print(f"fedlight: note: {message}", file=sys.stderr, flush=True)
 
 
-def _check_existing(out: Path, resume: str | None, overwrite: bool) -> bool:
+def _check_existing(out: Path, resume: str | None, overwrite: bool) -> bool | str:
     """A fresh run refuses a directory that holds another run unless told to overwrite it (cleared later, under the
     lock, by the run record). A directory whose run finished no round is not a run: it is reused (cleared too).
-    Returns whether the directory is to be cleared."""
+    Returns whether the directory is to be cleared (``"reuse"``: cleared, with a note once it is locked)."""
     if not out.exists() or not any(p.name != LOCK_NAME for p in out.iterdir()) or resume is not None:
         return overwrite
     if _no_round_finished(out):
-        _note(f"{out} holds a run that finished no round; reusing it (its files are replaced)")
-        return True
+        return "reuse"
     if not overwrite:
         raise ConfigError(f"`out_dir` {out} already holds a run; pass `--resume auto` to continue it, "
                           "`--overwrite true` to start over, or choose another `--out_dir`")

@@ -25,6 +25,10 @@ Exit statuses of ``fedlight fit`` (also in ``fedlight --help``, README.md and do
 
 After 74, 130, 138 and 143, ``--resume auto`` continues the run and ends bit for bit where an uninterrupted run
 ends (on CPU).
+
+The command line catches the stop signals from its first instruction (:func:`from_start`, before torch is imported):
+a stop during start-up ends with the same statuses and one line. Once a stop is under way further stop signals are
+ignored, and the command line process exits right after its stop line.
 """
 
 from __future__ import annotations
@@ -252,3 +256,18 @@ def last_checkpoint(record) -> str:
     if not path.is_file():
         return f"The last checkpoint (round {record.saved_round}) was at {path}, which is gone: the run starts over."
     return f"The last complete checkpoint is {path} (round {record.saved_round})."
+
+
+def end_processes(fabric, agreed: bool) -> None:
+    """With several processes, after a run they all ended the same way (finished or stopped): leave the process
+    group together, so gloo's worker threads are stopped while the interpreter is whole (a group left to the
+    interpreter's exit can abort it: ``terminate called without an active exception``), and let the launching
+    process wait for the ranks it started, so none outlives it."""
+    if fabric.world_size == 1 or not agreed:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for proc in getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or []:
+        proc.wait()
