@@ -37,15 +37,27 @@ class DamagedFile(ConfigError):
 
 # ------------------------------------------------------------------------------------------------ writing
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
+    def fill(fd: int) -> None:
+        faults.on_write(path)
+        _write_all(fd, data, Path(path))
+
+    _atomic(Path(path), fill)
+
+
+def _atomic(path: Path, fill, before_replace=None, previous: Path | None = None) -> None:
+    """``fill(fd)`` writes a temporary file beside ``path``; it is fsync'ed and renamed over ``path`` (after moving
+    the file there to ``previous``, if given), or removed if anything fails."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        faults.on_write(path)
-        _write_all(fd, data, path)
+        fill(fd)
         os.fsync(fd)
         os.close(fd)
         fd = -1
+        if before_replace is not None:
+            before_replace()
+        if previous is not None and path.exists():
+            os.replace(path, previous)
         os.replace(tmp, path)
     except BaseException:
         if fd >= 0:
@@ -116,10 +128,7 @@ def atomic_torch_save(obj: Any, path: Path, before_replace=None, previous: Path 
     complete checkpoint)."""
     import torch
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
+    def fill(fd: int) -> None:
         sink = _SealingSink(fd, path)
         try:
             torch.save(obj, sink)
@@ -128,19 +137,9 @@ def atomic_torch_save(obj: Any, path: Path, before_replace=None, previous: Path 
                 raise sink.error from None
             raise
         sink.seal()
-        os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        if before_replace is not None:
-            before_replace()
-        if previous is not None and path.exists():
-            os.replace(path, previous)
-        os.replace(tmp, path)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    path = Path(path)
+    _atomic(path, fill, before_replace, previous)
 
 
 def remove_leftovers(folder: Path) -> list[Path]:

@@ -204,14 +204,21 @@ def test_a_damaged_metrics_file_is_refused_naming_the_missing_rounds(damage, mes
 
 
 # ------------------------------------------------------------------------------------------------ signals, kills
-def test_sigterm_during_data_setup_is_a_clean_stop_and_a_second_one_changes_nothing(tmp_path):
-    out, ready = tmp_path / "run", tmp_path / "ready"
-    env = {**os.environ, "FEDLIGHT_FAULT": "setup@0:pause", "FEDLIGHT_FAULT_READY": str(ready)}
-    proc = subprocess.Popen(_cmd(out, 3), stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 120
+def _paused(out: Path, rounds: int, point: str) -> subprocess.Popen:
+    """A real ``fedlight fit`` that waits at ``point`` (a fault point) for a stop signal; returned once it waits."""
+    ready = out.parent / "ready"
+    env = {**os.environ, "FEDLIGHT_FAULT": f"{point}:pause", "FEDLIGHT_FAULT_READY": str(ready)}
+    proc = subprocess.Popen(_cmd(out, rounds), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    deadline = time.monotonic() + 300
     while not ready.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.02)
+    return proc
+
+
+def test_sigterm_during_data_setup_is_a_clean_stop_and_a_second_one_changes_nothing(tmp_path):
+    out = tmp_path / "run"
+    proc = _paused(out, 3, "setup@0")
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)  # ignored: the stop is under way
@@ -223,13 +230,7 @@ def test_sigterm_during_data_setup_is_a_clean_stop_and_a_second_one_changes_noth
 
 
 def test_the_process_ends_right_after_the_stop_line_and_a_second_signal_changes_nothing(tmp_path):
-    out, ready = tmp_path / "run", tmp_path / "ready"
-    env = {**os.environ, "FEDLIGHT_FAULT": "train@2:pause", "FEDLIGHT_FAULT_READY": str(ready)}
-    proc = subprocess.Popen(_cmd(out, 4), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-    deadline = time.monotonic() + 120
-    while not ready.exists():
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
+    proc = _paused(tmp_path / "run", 4, "train@2")
     proc.send_signal(signal.SIGTERM)
     lines = []
     for line in proc.stderr:
