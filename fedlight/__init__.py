@@ -8,31 +8,18 @@ the research tools in ``lab``. The paths before this grouping (``fedlight.rules`
 import the same modules.
 
 The package's face is the rule contract (``Algorithm``, ``LocalUpdateRule``, ``ServerRule`` ...), the registry and
-:func:`fit`. Importing ``fedlight`` (or ``fedlight.rules``, or one rule such as ``fedlight.algorithms.fedsam``) loads
-only the contract: ``fit`` and with it the loop, the data modules, the models and Lightning are imported on first
-use, so a rule lifted into a custom Fabric script pays for nothing else.
+:func:`fit`. Importing ``fedlight`` loads nothing until a name is used (the command line catches stop signals before
+torch is imported); ``fedlight.rules`` (or one rule such as ``fedlight.algorithms.fedsam``) loads only the contract:
+``fit`` and with it the loop, the data modules, the models and Lightning are imported on first use, so a rule lifted
+into a custom Fabric script pays for nothing else. The registry's names (``create``, ``list_algorithms`` ...)
+import ``fedlight.algorithms`` first, so fedlight's own rules are registered.
 """
 
 __version__ = "0.1.0"
 
-from fedlight import _moved  # noqa: E402
+from fedlight import _moved  # noqa: E402 - the standard library only
 
 _moved.install()  # fedlight.rules, fedlight.loop, fedlight.cli ...: the paths before core/ engine/ config/
-
-import fedlight.algorithms  # noqa: E402,F401 - fedlight's own rules register here (fedlight.create("fedsam"))
-from fedlight.core.params import Params  # noqa: E402
-from fedlight.core.registry import create, get_algorithm, list_algorithms, register  # noqa: E402
-from fedlight.core.rules import (  # noqa: E402
-    Algorithm,
-    Broadcast,
-    ClientResult,
-    LocalContext,
-    LocalUpdateRule,
-    RoundInfo,
-    ServerRule,
-    cross_entropy,
-)
-from fedlight.engine.sampling import sample_clients  # noqa: E402
 
 __all__ = [
     "Algorithm", "Broadcast", "ClientResult", "LocalContext", "LocalUpdateRule", "Params", "RoundInfo",
@@ -40,13 +27,20 @@ __all__ = [
     "sample_clients",
 ]
 
-_LAZY = {"fit": "fedlight.config.api"}  # name -> module, imported on first access (PEP 562)
+_REGISTRY_NAMES = ("create", "get_algorithm", "list_algorithms", "register")
+_LAZY = {"fit": "fedlight.config.api", "Params": "fedlight.core.params", "sample_clients": "fedlight.engine.sampling",
+         **dict.fromkeys(_REGISTRY_NAMES, "fedlight.core.registry"),
+         **dict.fromkeys(("Algorithm", "Broadcast", "ClientResult", "LocalContext", "LocalUpdateRule", "RoundInfo",
+                          "ServerRule", "cross_entropy"), "fedlight.core.rules")}
+"""name -> module, imported on first access (PEP 562)."""
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
+        if name in _REGISTRY_NAMES:
+            importlib.import_module("fedlight.algorithms")  # fedlight's own rules register on import
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value

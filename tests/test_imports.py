@@ -21,7 +21,7 @@ def _imported(statement: str) -> list[str]:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout
     mods = json.loads(out.strip().splitlines()[-1])
-    assert any(m == "fedlight.core.rules" for m in mods)
+    assert "fedlight" in mods
     return [m for m in mods if any(m == h or m.startswith(h + ".") for h in HEAVY)]
 
 

@@ -9,6 +9,11 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -200,12 +205,12 @@ def test_shrunk_reproduce_table_matches_the_runs(tmp_path, capsys, monkeypatch):
     # (Its `fedlight fit` runs in this process, to save a second interpreter start.)
     started = []
 
-    def fit_here(cmd, stdout, stderr, env):
+    def fit_here(children, cmd, stdout, stderr, env):
         assert cmd[1:4] == ["-m", "fedlight.cli", "fit"]
         started.append(cmd)
         return main(cmd[3:])
 
-    monkeypatch.setattr(reproduce.subprocess, "call", fit_here)
+    monkeypatch.setattr(reproduce.Children, "call", fit_here)
     (runs["fedprox"] / "summary.json").unlink()
     assert main(["reproduce", *args]) == 0
     assert len(started) == 1 and str(runs["fedprox"]) in started[0]
@@ -225,6 +230,44 @@ def test_shrunk_reproduce_table_matches_the_runs(tmp_path, capsys, monkeypatch):
     table = (tmp_path / "rep" / "report.md").read_text()
     assert "fedavg/synthetic/seed0" in table and "fedprox/synthetic/seed0" in table
     check_png(tmp_path / "rep" / "curves.png")
+
+
+def _processes_naming(text: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_sigterm_to_reproduce_stops_every_run_records_it_and_leaves_no_process(tmp_path, capsys):
+    """SIGTERM to the `fedlight reproduce` parent reaches every `fedlight fit` it started: each stops after its round
+    (or during its start-up), the parent waits for them, `--status` and job.json say "stopped", and the stop line
+    says to run the same command again."""
+    spec, out, ready = write_spec(tmp_path / "quick.yaml"), tmp_path / "out", tmp_path / "ready"
+    args = [str(spec), "--shrink", "rounds=4,subset=256,test_subset=64,loop.local_steps=1", "--out", str(out)]
+    env = {**os.environ, "FEDLIGHT_FAULT": "train@2:pause", "FEDLIGHT_FAULT_READY": str(ready)}
+    proc = subprocess.Popen([sys.executable, "-m", "fedlight.cli", "reproduce", *args, "--jobs", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while not ready.exists():  # one run waits inside round 2
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    printed, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, printed + err
+    assert err.strip().splitlines()[-1] == (
+        "fedlight reproduce: stopped by SIGTERM: 2 runs stopped after a finished round, 0 not started; to continue, "
+        f"run the same command again: fedlight reproduce {' '.join(args)} --jobs 2")
+    assert _processes_naming(str(out)) == []
+    runs = [out / cell / "synthetic" / "seed0" for cell in ("fedavg", "fedprox")]
+    assert [json.loads((r / "job.json").read_text())["state"] for r in runs] == ["stopped", "stopped"]
+    assert main(["reproduce", *args, "--status"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == "2 runs: 2 stopped", lines
 
 
 def test_dry_run_prints_resumable_commands(tmp_path, capsys):

@@ -41,7 +41,7 @@ def test_a_preempted_slurm_job_is_requeued_and_its_table_equals_an_uninterrupted
     requeues the job and the runs resume: the table equals one from runs that were never stopped."""
     spec = write_spec(tmp_path / "quick.yaml")
     with monkeypatch.context() as here:  # the uninterrupted runs: in this process, to save interpreter starts
-        here.setattr(reproduce.subprocess, "call", lambda cmd, stdout, stderr, env: main(cmd[3:]))
+        here.setattr(reproduce.Children, "call", lambda self, cmd, stdout, stderr, env: main(cmd[3:]))
         assert main(["reproduce", str(spec), *SHRINK, "--out", str(tmp_path / "ref")]) == 0
     out = tmp_path / "out"
     args = [str(spec), *SHRINK, "--out", str(out), "--launcher", "slurm", "--cluster", "local"]
@@ -137,12 +137,12 @@ def test_local_per_gpu_gives_each_process_its_gpu(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     seen, lock = [], threading.Lock()
 
-    def fake_fit(cmd, stdout, stderr, env):
+    def fake_fit(children, cmd, stdout, stderr, env):
         with lock:
             seen.append(env["CUDA_VISIBLE_DEVICES"])
         return 0
 
-    monkeypatch.setattr(reproduce.subprocess, "call", fake_fit)
+    monkeypatch.setattr(reproduce.Children, "call", fake_fit)
     main(["reproduce", str(spec), "--seeds", "3", "--per-gpu", "3", "--out", str(tmp_path / "o"), "--table-only"])
     main(["reproduce", str(spec), "--seeds", "3", "--per-gpu", "3", "--out", str(tmp_path / "o")])
     assert len(seen) == 6 and set(seen) <= {"0", "1"}

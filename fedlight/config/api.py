@@ -33,6 +33,7 @@ from fedlight.engine.loop import FederatedLoop
 from fedlight.errors import ConfigError, check
 from fedlight.run import stops
 from fedlight.run.directory import settings_hash, split_settings
+from fedlight.run.faults import fault
 from fedlight.run.files import is_fraction
 from fedlight.run.record import RunRecord
 from fedlight.tasks import Task, resolve_task
@@ -128,8 +129,11 @@ def fit(
     fabric = _fabric(plan.accelerator, devices, num_nodes, plan.precision)
     record = RunRecord(plan.out, rank0=fabric.global_rank == 0, rounds=loop.rounds, progress=loop.progress,
                        hint=recorded.lr_hint(plan.algorithm, loop))
+    record.rotate = plan.ckpt_path is None or plan.ckpt_path.name != "prev.ckpt"  # else last.ckpt is damaged
     _agree(fabric, record.acquire)
-    refused = True
+    if plan.clear == "reuse":  # said once the directory is ours (a run refused by the lock replaces nothing)
+        resumes.note(f"{plan.out} holds a run that finished no round; reusing it (its files are replaced)")
+    refused, agreed = True, False
     try:
         driver = _prepare(fabric, plan, record)
         _annotate(record, driver.loop, plan)
@@ -137,9 +141,16 @@ def fit(
         refused = False
         effective = driver.loop.task.effective  # what trained, where the loop settings do not apply
         text = plan.text + (f"# fedlight: local optimization used: {effective}\n" if effective else "")
-        record.open(text, plan.data, overwrite=plan.clear and plan.ckpt is None, fresh=plan.ckpt is None)
-        with stops.stop_signals(), stops.disk_guard(record):  # clean stops on signals and failed writes
-            return driver.fit()
+        with stops.disk_guard(record):  # a failed write: one message, exit 74
+            record.open(text, plan.data, overwrite=bool(plan.clear) and plan.ckpt is None, fresh=plan.ckpt is None)
+            with stops.stop_signals():  # clean stops on signals
+                try:
+                    summary = driver.fit()
+                except stops.Stopped:
+                    agreed = True  # every process stops after the same round
+                    raise
+        agreed = True
+        return summary
     except Exception as e:  # the user's own code (a LightningModule's hook) raised mid-run: its frames, what is kept
         from fedlight.tasks.lightning_errors import user_code_error
 
@@ -148,6 +159,7 @@ def fit(
         raise mine from None
     finally:
         record.close(refused=refused)
+        stops.end_processes(fabric, agreed)
 
 
 def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, text, world) -> Plan:
@@ -253,6 +265,7 @@ def _prepare(fabric, plan: Plan, record: RunRecord) -> FitDriver:
         fabric.print(f"fedlight: {note}")
     with fabric.rank_zero_first():
         data.setup(fabric.device, plan.seed)
+    fault("setup", 0)
     _check_clients(plan.loop, data.num_clients)
     task = resolve_task(plan.task, plan.model, data)  # set up by the loop, with the data
     loop, optimizer, plan.algorithm = _local_optimizer(fabric, plan.model, task, plan.algorithm, plan.loop, data)

@@ -8,7 +8,7 @@ from fedlight.errors import ConfigError
 
 
 def algorithm_rows() -> list[tuple[str, str, str, str, str]]:
-    from fedlight.core.registry import get_algorithm, list_algorithms
+    from fedlight import get_algorithm, list_algorithms  # fedlight's own rules registered first
 
     rows = []
     for name in list_algorithms():

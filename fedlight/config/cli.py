@@ -19,7 +19,8 @@ from pathlib import Path
 from fedlight.config.explain import explain as _explain
 from fedlight.core.registry import closest
 from fedlight.errors import ConfigError
-from fedlight.run.stops import EXIT_STATUSES, Stopped
+from fedlight.run import stops
+from fedlight.run.stops import EXIT_STATUSES, STOP_STATUSES, Stopped
 
 # name -> ("module:function", one help line). Resolved on use, so `fedlight ls` imports no research tooling.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -33,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "landscape": ("fedlight.lab.flatness_cli:cmd_landscape",
                   "loss along random directions around a run's model (1-D/2-D plots)"),
     "sharpness": ("fedlight.lab.flatness_cli:cmd_sharpness", "top Hessian eigenvalue, SAM sharpness of a run's model"),
+    "verify": ("fedlight.run.verify:cmd_verify", "check a run directory's files: what is intact, which file is "
+               "damaged (exit 0 / 2)"),
     "bench": ("fedlight.lab.bench:cmd_bench", "time fedlight against a minimal PyTorch loop (and at scale): --help"),
 }
 USAGE = "usage: fedlight <command> [options]\n\ncommands:\n" + "".join(
@@ -204,6 +207,25 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    previous = stops.from_start()  # the first instruction: a stop signal during imports or set-up is a clean stop
+    if argv is None:
+        stops.die_with_parent()
+    try:
+        status = _main(argv)
+    except stops.StoppedAtStart as e:  # during start-up (the rounds raise Stopped inside _main)
+        print(f"fedlight: {e.stopped}", file=sys.stderr, flush=True)
+        status = e.stopped.status
+    if status in STOP_STATUSES:  # stop signals stay ignored until the process has exited
+        if argv is None:  # the program itself: every file is closed, the stop line printed; leave at once
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)  # (the interpreter's own teardown takes seconds)
+        return status
+    stops.restore(previous)
+    return status
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
@@ -222,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         return getattr(e, "status", 2)  # 74: a write to the run directory failed during the run
     except Stopped as e:  # a signal stopped the run after a finished round (its checkpoint is on disk)
         if _rank() == 0:
-            print(f"fedlight: {e}", file=sys.stderr)
+            print(f"fedlight: {e}", file=sys.stderr, flush=True)
         return e.status
     except KeyboardInterrupt:
         print("fedlight: interrupted; finished rounds are kept (resume with --resume auto)", file=sys.stderr)

@@ -33,7 +33,7 @@ def class_path(group: str, value: str) -> str:
         return value
     package, section, attr = GROUPS[group]
     if group == "algorithm":
-        from fedlight.core.registry import get_algorithm
+        from fedlight import get_algorithm  # the package registers fedlight's own rules first
 
         try:
             return f"{package}.{get_algorithm(value).cls.__name__}"

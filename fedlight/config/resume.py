@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from fedlight.errors import ConfigError
-from fedlight.run.directory import LOCK_NAME, check_out_dir, differences
-from fedlight.run.files import load_checkpoint
+from fedlight.run.directory import LOCK_NAME, check_out_dir, differences, load_resume
+from fedlight.run.files import check_metrics, load_checkpoint
 from fedlight.run.record import RUN_FILES
 
 
@@ -24,8 +24,10 @@ def start(out: Path, resume: str | None, overwrite: bool, defining: dict[str, An
     """The checkpoint a resume continues from (path and contents; ``None`` for a fresh run), after checking that
     ``out`` may be used, and whether to clear it (a failed start's directory is reused)."""
     check_out_dir(out)
-    ckpt_path = resolve_resume(resume, out, defining)
-    ckpt = load_checkpoint(ckpt_path) if ckpt_path is not None else None
+    ckpt_path, ckpt = load_resume(resolve_resume(resume, out, defining), resume == "auto", note)
+    if ckpt is not None and ckpt_path.parent.parent.resolve() == out.resolve():
+        last = json.loads(ckpt["last_row"]) if ckpt.get("last_row") else {}
+        check_metrics(out / "metrics.jsonl", int(ckpt["round"]), last.get("round"))  # never silently fewer rows
     return ckpt_path, ckpt, check_existing(out, resume, overwrite)
 
 
@@ -34,9 +36,9 @@ def resolve_resume(resume: str | None, out: Path, defining: dict[str, Any] | Non
         return None
     if resume == "auto":
         last = out / "checkpoints" / "last.ckpt"
-        if last.exists():
-            return last
-        _note(f"`--resume auto` found no checkpoint in {out}: nothing to resume, starting a new run there"
+        if last.exists() or last.with_name("prev.ckpt").exists():  # prev alone: killed between the two renames
+            return last if last.exists() else last.with_name("prev.ckpt")
+        note(f"`--resume auto` found no checkpoint in {out}: nothing to resume, starting a new run there"
               f"{_other_run(out, defining or {})}")
         return None
     return Path(resume)
@@ -62,21 +64,20 @@ def _other_run(out: Path, defining: dict[str, Any]) -> str:
     return ""
 
 
-def _note(message: str) -> None:
+def note(message: str) -> None:
     """One ``fedlight: note:`` line, from the launching process only (Fabric's launcher reruns ``fit`` per rank)."""
     if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
         print(f"fedlight: note: {message}", file=sys.stderr, flush=True)
 
 
-def check_existing(out: Path, resume: str | None, overwrite: bool) -> bool:
+def check_existing(out: Path, resume: str | None, overwrite: bool) -> bool | str:
     """A fresh run refuses a directory that holds another run unless told to overwrite it (cleared later, under the
     lock, by the run record). A directory whose run finished no round is not a run: it is reused (cleared too).
-    Returns whether the directory is to be cleared."""
+    Returns whether the directory is to be cleared (``"reuse"``: cleared, with a note once the lock is held)."""
     if not out.exists() or not any(p.name != LOCK_NAME for p in out.iterdir()) or resume is not None:
         return overwrite
     if _no_round_finished(out):
-        _note(f"{out} holds a run that finished no round; reusing it (its files are replaced)")
-        return True
+        return "reuse"
     if not overwrite:
         raise ConfigError(f"`out_dir` {out} already holds a run; pass `--resume auto` to continue it, "
                           "`--overwrite true` to start over, or choose another `--out_dir`")

@@ -112,7 +112,7 @@ def gpu(reps: int = 5, warmup: int = 2, variants: tuple[str, ...] = GPU_VARIANTS
 
 
 def _variant(variant, algo, switches, model, fps, clients_data, w, accelerator, reps, warmup) -> dict[str, Any]:
-    from fedlight.core.registry import get_algorithm
+    from fedlight import get_algorithm  # fedlight's own rules registered first
     from fedlight.lab.workload import fedlight_loop, timed
 
     cuda = accelerator == "cuda"

@@ -49,8 +49,10 @@ def last_line(path: Path, name: str = "fit.log") -> str:
 
 
 def rounds_done(path: Path) -> int:
-    f = Path(path) / "metrics.jsonl"
-    return sum(1 for ln in f.read_text().splitlines() if ln.strip()) if f.is_file() else 0
+    """Rounds with a row in the run's ``metrics.jsonl`` (a damaged line is not a round)."""
+    from fedlight.run.files import read_rows
+
+    return len(read_rows(Path(path) / "metrics.jsonl")[0])
 
 
 def state(run, scheduler=None) -> tuple[str, str]:

@@ -44,21 +44,19 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
 
 
 def read_curve(run: Path) -> list[dict[str, Any]]:
-    """The rows of ``run/metrics.jsonl`` (a torn last line, from a killed run, is skipped)."""
-    rows = []
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and "round" in row:
-            rows.append(row)
-    return rows
+    """The rows of ``run/metrics.jsonl`` (a torn or damaged line is skipped; ``fedlight verify`` names it)."""
+    from fedlight.run.files import read_rows
+
+    return read_rows(run / "metrics.jsonl")[0]
 
 
 def read_summary(run: Path) -> dict[str, Any] | None:
-    f = run / "summary.json"
-    return json.loads(f.read_text()) if f.is_file() else None
+    """``run/summary.json`` (``None``: absent or damaged, as for a run that has not finished)."""
+    try:
+        summary = json.loads((run / "summary.json").read_bytes().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
 
 
 def revision(summary: dict[str, Any] | None) -> str | None:
@@ -71,11 +69,13 @@ def finished(run: Path) -> bool:
     stopped for good: ``diverged_at_round``)."""
     import yaml
 
-    s, cfg = run / "summary.json", run / "config.yaml"
-    if not (s.is_file() and cfg.is_file()):
+    summary, cfg = read_summary(run), run / "config.yaml"
+    if summary is None or not cfg.is_file():
         return False
-    rounds = ((yaml.safe_load(cfg.read_text()) or {}).get("loop") or {}).get("rounds", 100)
-    summary = json.loads(s.read_text())
+    try:
+        rounds = ((yaml.safe_load(cfg.read_text()) or {}).get("loop") or {}).get("rounds", 100)
+    except (yaml.YAMLError, ValueError, AttributeError):
+        return False
     return summary.get("rounds_completed", 0) >= rounds or summary.get("diverged_at_round") is not None
 
 

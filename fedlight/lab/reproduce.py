@@ -31,6 +31,7 @@ with ``--resume auto`` on preemption or time-out. Either way each run folder kee
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import fnmatch
 import json
@@ -275,8 +276,9 @@ def plan(spec, cs: list[Cell], seeds: list[int], out: Path, shrink: str | None,
 
 def run_one(run: Run, env: dict, call=None, mark: bool = True) -> str:
     """Run (or resume, or skip) one seed of one cell: 'done', 'diverged', 'skipped', 'failed', 'stopped' (by a
-    signal, after a round: resumable) or 'conflict'. ``call`` runs the command (default ``subprocess.call``);
-    ``mark``: record the run's state in its ``job.json`` (for ``--status``)."""
+    signal, after a round: resumable) or 'conflict'. ``call`` runs the command (default ``subprocess.call``; it
+    returns ``None`` when a stop came first and the command did not start); ``mark``: record the run's state in its
+    ``job.json`` (for ``--status``)."""
     from fedlight.lab import jobs
     from fedlight.run.files import atomic_write_text
 
@@ -291,7 +293,7 @@ def run_one(run: Run, env: dict, call=None, mark: bool = True) -> str:
     with open(run.path / "fit.log", "a") as log:
         rc = (call or subprocess.call)([sys.executable, "-m", "fedlight.cli", *run.argv], stdout=log, stderr=log,
                                        env=env)
-    status = outcome(run, rc)
+    status = outcome(run, rc) if rc is not None else "stopped"
     if mark:
         jobs.mark(run.path, state=status, rc=rc)
     return status
@@ -310,9 +312,11 @@ def outcome(run: Run, rc: int) -> str:
 
 
 def run_env(jobs: int) -> dict[str, str]:
-    """The environment of the ``fedlight fit`` processes: this fedlight first on the path, CPU threads shared."""
+    """The environment of the ``fedlight fit`` processes: this fedlight first on the path, CPU threads shared; each
+    stops (``SIGTERM``) if this process dies (:func:`fedlight.run.stops.die_with_parent`)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(recipes_dir().parent),
-                                                                     os.environ.get("PYTHONPATH")])))
+                                                                     os.environ.get("PYTHONPATH")])),
+               FEDLIGHT_PARENT_PID=str(os.getpid()))
     if jobs > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
     return env
@@ -338,13 +342,17 @@ def run_all(runs: list[Run], jobs: int, slots: list[str] | None = None) -> dict[
     free: queue.Queue = queue.Queue()
     for slot in slots or []:
         free.put(slot)
-    lock, counts, t0 = threading.Lock(), {}, time.time()
+    lock, counts, t0, children = threading.Lock(), {}, time.time(), Children()
 
     def go(run: Run) -> None:
         t = time.time()
         slot = free.get() if slots else None
         try:
-            status = run_one(run, env if slot is None else {**env, "CUDA_VISIBLE_DEVICES": slot})
+            if children.signal:  # stopping: start nothing new
+                status = "not started"
+            else:
+                status = run_one(run, env if slot is None else {**env, "CUDA_VISIBLE_DEVICES": slot},
+                                 call=children.call)
         finally:
             if slot is not None:
                 free.put(slot)
@@ -356,10 +364,54 @@ def run_all(runs: list[Run], jobs: int, slots: list[str] | None = None) -> dict[
             print(f"[{sum(counts.values())}/{len(todo)}] {run.cell.run_key} seed{run.seed}: {status} "
                   f"({time.time() - t:.0f} s){hint}", flush=True)
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    with children.forwarding(), ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(go, todo))
     print(f"{len(todo)} runs in {time.time() - t0:.0f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    if children.signal:
+        counts["signal"] = children.signal
     return counts
+
+
+class Children:
+    """The ``fedlight fit`` processes this command started. While :meth:`forwarding`, a stop signal (SIGTERM,
+    SIGINT, SIGUSR1) is passed on to every one of them (each stops after its round in progress, its checkpoint
+    written) and no further run starts; the pool then waits for them, so none outlives this process."""
+
+    def __init__(self) -> None:
+        self.procs: set[subprocess.Popen] = set()
+        self.lock = threading.Lock()
+        self.signal: str | None = None
+
+    def call(self, cmd: list[str], **kw: Any) -> int | None:
+        with self.lock:
+            if self.signal:
+                return None
+            proc = subprocess.Popen(cmd, **kw, process_group=0)  # a terminal's Ctrl-C reaches it once: forwarded
+            self.procs.add(proc)
+        try:
+            return proc.wait()
+        finally:
+            with self.lock:
+                self.procs.discard(proc)
+
+    def forward(self, signum: int, frame) -> None:
+        self.signal = self.signal or signal.Signals(signum).name
+        for proc in list(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    @contextlib.contextmanager
+    def forwarding(self):
+        from fedlight.run.stops import STOP_SIGNALS
+
+        main = threading.current_thread() is threading.main_thread()
+        sigs = [getattr(signal, name) for name in STOP_SIGNALS if hasattr(signal, name)] if main else []
+        previous = {sig: signal.signal(sig, self.forward) for sig in sigs}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, signal.SIG_IGN if self.signal else handler)  # a stop is under way: stay quiet
 
 
 # ------------------------------------------------------------------------------------------------ the table
@@ -443,6 +495,12 @@ def cmd_reproduce(argv: list[str]) -> int:
     if a.status:
         return _status(a, out, chosen)
     counts = {} if a.table_only else launch(a, spec, chosen, out)
+    if counts.get("signal"):  # stopped: the runs stopped after their round; the same command continues them
+        name = counts["signal"]
+        print(f"fedlight reproduce: stopped by {name}: {counts.get('stopped', 0)} runs stopped after a finished "
+              f"round, {counts.get('not started', 0)} not started; to continue, run the same command again: "
+              f"{shlex.join(['fedlight', 'reproduce', *argv])}", file=sys.stderr, flush=True)
+        return 128 + int(getattr(signal, name))
     # The table holds the chosen cells and any other cell of the spec that already has a finished run.
     keep = {id(r.cell) for r in chosen} | {id(r.cell) for r in runs if r.done()}
     shown = [r for r in runs if id(r.cell) in keep]

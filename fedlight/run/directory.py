@@ -162,3 +162,28 @@ def _same_file(fd: int, path: Path) -> bool:
     except FileNotFoundError:
         return False
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def load_resume(path: Path | None, auto: bool, note=print) -> tuple[Path | None, dict[str, Any] | None]:
+    """The checkpoint at ``path``; when it is a damaged ``last.ckpt``, ``--resume auto`` takes the previous good one
+    (``prev.ckpt``, saying so through ``note``) and an explicit path is refused naming it."""
+    from fedlight.run.atomic import DamagedFile, load_checkpoint
+
+    if path is None:
+        return None, None
+    try:
+        return path, load_checkpoint(path)
+    except DamagedFile as e:
+        prev = path.with_name("prev.ckpt")
+        if path.name != "last.ckpt" or not prev.is_file():
+            raise
+        try:
+            ckpt = load_checkpoint(prev)
+        except ConfigError as e2:
+            raise DamagedFile(f"{e}; the previous one is unusable too: {e2}") from None
+        if not auto:
+            raise DamagedFile(f"{e}. The previous checkpoint {prev} (round {ckpt['round']}) is intact: continue from "
+                              f"it with `--resume auto` or `--resume {prev}`") from None
+        note(f"{e}; continuing from the previous good checkpoint {prev} (round {ckpt['round']}), the rounds after "
+             "it are recomputed")
+        return prev, ckpt

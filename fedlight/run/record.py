@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fedlight.errors import ConfigError
+from fedlight.run import atomic, faults
 from fedlight.run import files as records
 from fedlight.run.console import Progress, RoundWatch
 from fedlight.run.directory import RunLock
@@ -101,8 +101,9 @@ class RunRecord:
         self.segments: list[dict[str, Any]] = []  # execution-only settings of each stretch of the run
         self.hparams: dict[str, Any] | None = None  # for TensorBoard's hparams table
         self.saved_round = 0  # rounds in the last checkpoint renamed into place (0: none yet)
+        self.rotate = True  # keep last.ckpt as prev.ckpt when the next one is written (False: last.ckpt is damaged)
         if self.writer is not None:
-            records.FAULT_HOOKS.append(self.writer.wait)
+            faults.DRAIN.append(self.writer.wait)
 
     # ------------------------------------------------------------------------------------------ start
     def acquire(self) -> None:
@@ -115,17 +116,14 @@ class RunRecord:
         TensorBoard config and partition."""
         if not self.rank0:
             return
-        try:
+        with _disk_errors(self.out / "config.yaml"):
             if overwrite:
                 clear(self.out)
             (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
-            for tmp in (self.out / "checkpoints").glob(".*.tmp"):  # torn writes of a killed run
-                tmp.unlink()
+            for folder in (self.out, self.out / "checkpoints"):  # torn writes of a killed run
+                atomic.remove_leftovers(folder)
             if config_text is not None and (fresh or not (self.out / "config.yaml").exists()):
-                records.atomic_write_text(self.out / "config.yaml", config_text)
-        except OSError as e:
-            raise ConfigError(f"`out_dir` {self.out} cannot be written: {e.strerror or e}; choose another "
-                              "`--out_dir`") from None
+                atomic.atomic_write_text(self.out / "config.yaml", config_text)
         if tensorboard:  # off the critical path: importing TensorBoard and drawing the partition take ~0.5 s
             self.writer.submit(lambda: self._open_tensorboard(config_text, data))
 
@@ -178,9 +176,10 @@ class RunRecord:
         with _disk_errors(path):
             if not self.out.is_dir():  # removed during the run: do not make a new, partial run directory
                 raise FileNotFoundError(errno.ENOENT, "the run directory was removed", str(self.out))
-            records.atomic_torch_save(state, path, before_replace=lambda: records.fault("ckpt", rounds_done))
-        self.saved_round = rounds_done
-        records.fault("metrics", rounds_done)
+            atomic.atomic_torch_save(state, path, before_replace=lambda: faults.fault("ckpt", rounds_done),
+                                     previous=path.with_name("prev.ckpt") if self.rotate else None)
+        self.saved_round, self.rotate = rounds_done, True
+        faults.fault("metrics", rounds_done)
         self._append(row, keep=False)
 
     def _log_round(self, row: dict[str, Any]) -> None:
@@ -191,7 +190,7 @@ class RunRecord:
         if keep:
             self.rows.append(row)
         with _disk_errors(self.out / "metrics.jsonl"):
-            records.append_line(self.out / "metrics.jsonl", dumps(row))
+            atomic.append_line(self.out / "metrics.jsonl", dumps(row))
 
     def flush(self) -> None:
         """Wait until every checkpoint and metrics line handed over so far is on disk."""
@@ -209,8 +208,10 @@ class RunRecord:
             return
         self.flush()
         if final_state is not None:
-            records.atomic_torch_save(final_state, self.out / "final_model.pt")
-        records.atomic_write_text(self.out / "summary.json", json.dumps(_strict(summary), indent=2) + "\n")
+            with _disk_errors(self.out / "final_model.pt"):
+                atomic.atomic_torch_save(final_state, self.out / "final_model.pt")
+        with _disk_errors(self.out / "summary.json"):
+            atomic.atomic_write_text(self.out / "summary.json", json.dumps(_strict(summary), indent=2) + "\n")
         if self.logger is not None and self.hparams is not None:
             self.logger.log_summary(self.hparams, _strict(summary))
 
@@ -230,8 +231,8 @@ class RunRecord:
         """Release everything; safe to call twice and after a failure."""
         self.progress.close()
         if self.writer is not None:
-            if self.writer.wait in records.FAULT_HOOKS:
-                records.FAULT_HOOKS.remove(self.writer.wait)
+            if self.writer.wait in faults.DRAIN:
+                faults.DRAIN.remove(self.writer.wait)
             try:
                 self.writer.close()
             finally:

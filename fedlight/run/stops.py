@@ -25,6 +25,10 @@ Exit statuses of ``fedlight fit`` (also in ``fedlight --help``, README.md and do
 
 After 74, 130, 138 and 143, ``--resume auto`` continues the run and ends bit for bit where an uninterrupted run
 ends (on CPU).
+
+The command line catches the stop signals from its first instruction (:func:`from_start`, before torch is imported):
+a stop during start-up ends with the same statuses and one line. Once a stop is under way further stop signals are
+ignored, and the command line process exits right after its stop line.
 """
 
 from __future__ import annotations
@@ -33,12 +37,14 @@ import contextlib
 import errno
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
 from fedlight.errors import ConfigError
 
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
+STOP_STATUSES = tuple(128 + int(getattr(signal, name, 0)) for name in STOP_SIGNALS)
 DISK_FAILED = 74
 """Exit status when the run directory cannot be written during the run (``EX_IOERR`` of sysexits.h)."""
 DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENOENT, errno.EIO, errno.EACCES, errno.EPERM,
@@ -50,10 +56,13 @@ EXIT_STATUSES = ("exit status: 0 finished; 1 diverged; 2 refused (bad setting or
 
 
 class Stopped(Exception):
-    """The run stopped at a safe point on a signal; ``status`` is the exit status of ``fedlight fit``."""
+    """The run stopped at a safe point on a signal; ``status`` is the exit status of ``fedlight fit``. ``round``
+    ``None``: during start-up (imports, data set-up, checks), before any round of this process."""
 
-    def __init__(self, round: int, signal_name: str) -> None:
-        super().__init__(f"stopped at round {round} by {signal_name}; continue with --resume auto")
+    def __init__(self, round: int | None, signal_name: str) -> None:
+        super().__init__(f"stopped at round {round} by {signal_name}; continue with --resume auto" if round is not None
+                         else f"stopped by {signal_name} during start-up, before any round; nothing is lost: run the "
+                         "same command again")
         self.round = round
         self.signal_name = signal_name
         self.status = 128 + int(getattr(signal, signal_name))
@@ -80,6 +89,88 @@ class StopSignals:
         self.name = self.name or signal.Signals(signum).name
 
 
+def from_start() -> dict[int, object]:
+    """Catch :data:`STOP_SIGNALS` from the first instruction of the command line on (imports, data set-up): a stop
+    signal there raises :class:`Stopped` at once (nothing to save yet). The rounds replace this with
+    :func:`stop_signals`; once a stop is under way, further signals are ignored (:func:`_quiet`). Returns the
+    handlers it replaced (for :func:`restore`); only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, _at_start) for name in STOP_SIGNALS if (sig := getattr(signal, name, None))}
+
+
+def die_with_parent() -> None:
+    """A process started by ``fedlight reproduce`` (or by ``fedlight fit`` for ``--devices N``) gets ``SIGTERM`` when
+    the process that started it dies (Linux), and stops cleanly: ``FEDLIGHT_PARENT_PID`` names that process. The
+    processes this one starts inherit this one's pid there."""
+    parent = os.environ.get("FEDLIGHT_PARENT_PID")
+    os.environ["FEDLIGHT_PARENT_PID"] = str(os.getpid())
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):  # the parent died before prctl: stop now
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def restore(previous: dict[int, object]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+class StoppedAtStart(BaseException):
+    """A stop signal during start-up. A ``BaseException`` like ``KeyboardInterrupt``: library code that catches
+    ``Exception`` around an import (torch does) must not swallow it and go on half-imported."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.stopped = Stopped(None, signal_name)
+
+
+_PENDING: list[str] = []
+"""The stop signal received during start-up, until it is raised (outside any import)."""
+
+
+def _at_start(signum: int, frame) -> None:
+    _quiet()
+    _PENDING.append(signal.Signals(signum).name)
+    _raise_when_safe(signal.SIGALRM, frame)
+
+
+def _raise_when_safe(signum: int, frame) -> None:
+    """Raise the pending stop, unless an import is under way: a module interrupted half-way (numpy's, torch's) is
+    left half-initialised, and code that catches errors around an import goes on with it. Then look again in 50 ms."""
+    while frame is not None and not frame.f_code.co_filename.startswith("<frozen importlib"):
+        frame = frame.f_back
+    if frame is not None:
+        signal.signal(signal.SIGALRM, _raise_when_safe)
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        return
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    raise StoppedAtStart(_PENDING[0])
+
+
+def raise_pending() -> None:
+    """Raise a stop signal received during start-up and not raised yet (before the first round)."""
+    if _PENDING and threading.current_thread() is threading.main_thread():
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        raise StoppedAtStart(_PENDING[0])
+
+
+def _quiet() -> None:
+    """Ignore further stop signals (a stop is under way: a second signal must not turn it into a failure)."""
+    if threading.current_thread() is threading.main_thread():
+        for name in STOP_SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                signal.signal(sig, signal.SIG_IGN)
+
+
 ACTIVE: list[StopSignals] = []
 """The flags of the runs in progress in this process (the test pause in :func:`fedlight.run.files.fault` reads it)."""
 
@@ -87,6 +178,7 @@ ACTIVE: list[StopSignals] = []
 @contextlib.contextmanager
 def stop_signals():
     """Catch :data:`STOP_SIGNALS` while the block runs (in the main thread only; elsewhere signals are untouched)."""
+    raise_pending()
     flag = StopSignals()
     if threading.current_thread() is threading.main_thread():
         for name in STOP_SIGNALS:
@@ -100,6 +192,8 @@ def stop_signals():
         ACTIVE.remove(flag)
         for sig, handler in flag.previous.items():
             signal.signal(sig, handler)
+        if flag.name:
+            _quiet()
 
 
 def requested() -> str | None:
@@ -162,3 +256,18 @@ def last_checkpoint(record) -> str:
     if not path.is_file():
         return f"The last checkpoint (round {record.saved_round}) was at {path}, which is gone: the run starts over."
     return f"The last complete checkpoint is {path} (round {record.saved_round})."
+
+
+def end_processes(fabric, agreed: bool) -> None:
+    """With several processes, after a run they all ended the same way (finished or stopped): leave the process
+    group together, so gloo's worker threads are stopped while the interpreter is whole (a group left to the
+    interpreter's exit can abort it: ``terminate called without an active exception``), and let the launching
+    process wait for the ranks it started, so none outlives it."""
+    if fabric.world_size == 1 or not agreed:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for proc in getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or []:
+        proc.wait()

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from fedlight.run import faults
+
 # metrics.jsonl key -> TensorBoard tag (keys with a "group/" prefix are used as they are)
 TAGS = {"lr": "train/lr", "train_loss": "train/loss", "test_acc": "test/acc", "test_loss": "test/loss",
         "round_time_s": "time/round_s", "train_time_s": "time/train_s", "aggregate_time_s": "time/aggregate_s",
@@ -186,6 +188,7 @@ class RunLogger:
     # ------------------------------------------------------------------------------------------ per round
     def log_round(self, row: dict[str, Any], step: int) -> None:
         """Every numeric entry of a ``metrics.jsonl`` row, under its grouped tag, at ``step`` (the round)."""
+        faults.on_write(self.dir / "tfevents")  # TensorBoard's event file, for the disk-failure tests
         if self._first_step is None:
             self._first_step = step
             self._purge_from(step)

@@ -43,7 +43,7 @@ def manual_algorithm(algorithm: Any, name: str) -> Any:
 
 
 def _plain_rules() -> list[str]:
-    from fedlight.core.registry import create, list_algorithms
+    from fedlight import create, list_algorithms  # fedlight's own rules registered first
 
     names = []
     for key in list_algorithms():

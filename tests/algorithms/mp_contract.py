@@ -46,6 +46,9 @@ def main(n: int, out: str, parallelism: str = "sequential", *names: str) -> None
                          **{f"b.{k}": v.cpu() for k, v in loop.buffers.items()}}
     if fabric.global_rank == 0:
         torch.save(results, out)
+    if fabric.world_size > 1:  # leave the group together: gloo's threads must not meet the interpreter's exit
+        fabric.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -68,8 +68,9 @@ def test_truncated_checkpoint_refused_without_a_write(tmp_path, done_run):
     shutil.copytree(done_run, out)
     ckpt = out / "checkpoints" / "last.ckpt"
     ckpt.write_bytes(ckpt.read_bytes()[:100])
+    (out / "checkpoints" / "prev.ckpt").unlink()  # with it, `--resume auto` continues from it (test_integrity.py)
     before = tree_hash(out)
-    _refused(_cli("--out_dir", out, "--resume", "auto"), "corrupt")
+    _refused(_cli("--out_dir", out, "--resume", "auto"), f"checkpoint {ckpt} is damaged: it is truncated")
     assert tree_hash(out) == before
 
 

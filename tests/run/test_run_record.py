@@ -17,7 +17,7 @@ from fedtest import image_clients, tiny_cnn
 import fedlight
 from fedlight.args import LoopConfig
 from fedlight.data import Synthetic, TensorClients
-from fedlight.run import files as records
+from fedlight.run import atomic as records
 from fedlight.run.console import Progress
 from fedlight.run.record import RunRecord
 from fedlight.sampling import sample_clients
@@ -160,14 +160,14 @@ def test_next_round_runs_while_the_checkpoint_is_written(tmp_path, monkeypatch):
     def done_rounds():
         return [row["round"] for row in _rows(out)] if (out / "metrics.jsonl").exists() else []
 
-    def slow_save(obj, path, before_replace=None):
+    def slow_save(obj, path, before_replace=None, previous=None):
         if path.name != "last.ckpt":
-            return save(obj, path, before_replace)
+            return save(obj, path, before_replace, previous)
         in_flight.append(1)
         r = obj["round"]
         seen.append((r, len(in_flight), started[r + 1].wait(60) if r < 3 else True))
         assert r not in done_rounds()  # the row follows its checkpoint
-        save(obj, path, before_replace)
+        save(obj, path, before_replace, previous)
         in_flight.pop()
 
     monkeypatch.setattr(FederatedLoop, "run_round", spy_round)
@@ -237,7 +237,7 @@ def test_a_failed_background_write_is_one_message(tmp_path, monkeypatch):
 
     from fedlight.errors import ConfigError
 
-    def full(obj, path, before_replace=None):
+    def full(obj, path, before_replace=None, previous=None):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(records, "atomic_torch_save", full)

@@ -16,7 +16,7 @@ from fedtest import image_clients, tiny_cnn
 
 from fedlight.args import LoopConfig
 from fedlight.data import TensorClients
-from fedlight.run import files, stops
+from fedlight.run import faults, stops
 
 TINY = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
 FLAGS = ["--loop.rounds", "5", "--loop.eval_every", "1", "--loop.save_every", "3"]  # checkpoint at 3 and 5
@@ -167,7 +167,7 @@ def test_a_removed_run_directory_is_one_error_and_no_thread_traceback(tmp_path, 
 
     def remove_at_round_3(point, round):
         if (point, round) == ("train", 3) and out.exists():
-            for drain in list(files.FAULT_HOOKS):  # round 2's writes are done: nothing recreates files meanwhile
+            for drain in list(faults.DRAIN):  # round 2's writes are done: nothing recreates files meanwhile
                 drain()
             shutil.rmtree(out)
         real(point, round)

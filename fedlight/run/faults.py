@@ -1,0 +1,75 @@
+"""Fault injection for the kill-, signal- and disk-safety tests, driven by ``FEDLIGHT_FAULT``.
+
+``<point>@<round>[:<action>]`` — points: ``setup@0`` (start-up, after the data set-up), ``train`` (after the
+round's first client), ``eval`` (inside evaluation), ``ckpt`` (checkpoint written to its temporary file, not yet
+renamed), ``metrics`` (checkpoint renamed, metrics row not yet appended). Actions: ``kill`` (the default: SIGKILL
+the process there), ``enospc`` (the write fails there as on a full disk), ``pause`` (wait there once, up to 60 s,
+until a stop signal arrives, after creating the file named by ``FEDLIGHT_FAULT_READY``: a signal test then knows
+where the run is).
+
+``write:<file name>:<ERRNO>[:<n>]`` — the ``n``-th write (default the first) to a file of that name (``last.ckpt``,
+``final_model.pt``, ``summary.json``, ``config.yaml``, ``metrics.jsonl``, ``table.md``, ...) fails with that errno
+(``ENOSPC``, ``EDQUOT``, ``EROFS``, ``EIO``), exactly where a real disk would fail it; ``KILL`` SIGKILLs the
+process there instead (TensorBoard's event file is named ``tfevents``).
+
+Before a kill, the run's background writer drains (:data:`DRAIN`), so the kill falls exactly at the named point
+with earlier checkpoints durable.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+from pathlib import Path
+
+DRAIN: list = []
+"""Callables that wait for the background writes of the runs in progress in this process."""
+
+_writes: dict[str, int] = {}
+
+
+def fault(point: str, round: int) -> None:
+    """The fault named by ``FEDLIGHT_FAULT`` for ``point`` of round ``round``, if any."""
+    where, _, action = os.environ.get("FEDLIGHT_FAULT", "").partition(":")
+    if where != f"{point}@{round}":
+        return
+    for drain in list(DRAIN):  # earlier checkpoints and metrics lines are durable first
+        drain()
+    if action == "enospc":
+        raise OSError(errno.ENOSPC, "No space left on device")
+    if action == "pause":
+        _pause()
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def on_write(path: Path) -> None:
+    """Raise the injected write error for ``path``, if ``FEDLIGHT_FAULT`` names its file (see the module)."""
+    spec = os.environ.get("FEDLIGHT_FAULT", "")
+    if not spec.startswith("write:"):
+        return
+    name, code, *nth = spec[len("write:"):].split(":")
+    if Path(path).name != name:
+        return
+    _writes[name] = _writes.get(name, 0) + 1
+    if _writes[name] == int(nth[0] if nth else 1):
+        if code == "KILL":  # killed inside the write: its temporary file stays behind
+            os.kill(os.getpid(), signal.SIGKILL)
+        number = getattr(errno, code)
+        raise OSError(number, os.strerror(number), str(path))
+
+
+def _pause() -> None:
+    import torch.distributed as dist
+
+    from fedlight.run import stops
+
+    if os.environ.pop("FEDLIGHT_FAULT", None) is None or (dist.is_initialized() and dist.get_rank() != 0):
+        return  # once, and on global rank 0 only (the others wait for it in the round's all-reduce)
+    if os.environ.get("FEDLIGHT_FAULT_READY"):
+        Path(os.environ["FEDLIGHT_FAULT_READY"]).touch()
+    deadline = time.monotonic() + 60
+    while not stops.requested() and time.monotonic() < deadline:
+        time.sleep(0.02)

@@ -1,0 +1,275 @@
+"""Trust the files (issue 29): sealed checkpoints and final models, one message for every failed write and every
+damaged input file, stops from the first instruction, no temporary file left behind by a killed write."""
+
+import errno
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedlight.cli import main
+from fedlight.run import atomic, faults
+
+TINY = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
+FLAGS = ["--loop.eval_every", "1", "--loop.save_every", "1"]
+
+
+def _fit(out, rounds, *extra):
+    return main(["fit", "--config", TINY, "--out_dir", str(out), "--loop.rounds", str(rounds), *FLAGS, *extra])
+
+
+def _cmd(out, rounds, *extra):
+    return [sys.executable, "-m", "fedlight.cli", "fit", "--config", TINY, "--out_dir", str(out), "--loop.rounds",
+            str(rounds), *FLAGS, *extra]
+
+
+def _final(out):
+    return torch.load(Path(out) / "final_model.pt", weights_only=True)
+
+
+def _rounds(out):
+    return [json.loads(line)["round"] for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def _same(out, reference):
+    final = _final(out)
+    return final.keys() == reference.keys() and all(torch.equal(final[k], reference[k]) for k in reference)
+
+
+def _leftovers(out):
+    return sorted(p.name for p in Path(out).rglob(".*.tmp"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "run"
+    assert _fit(out, 5) == 0
+    return _final(out)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_fault_counts(monkeypatch):
+    monkeypatch.setattr(faults, "_writes", {})
+
+
+def _flip_weight_byte(path: Path) -> None:
+    """Flip one bit inside the first stored tensor of a ``torch.save`` zip (not its pickle, not its directory)."""
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if "/data/" in i.filename and i.file_size >= 8)
+    with open(path, "r+b") as f:
+        f.seek(info.header_offset + 26)
+        name, extra = struct.unpack("<HH", f.read(4))
+        pos = info.header_offset + 30 + name + extra + 3
+        f.seek(pos)
+        byte = f.read(1)[0]
+        f.seek(pos)
+        f.write(bytes([byte ^ 0x10]))
+
+
+# ------------------------------------------------------------------------------------------------ sealed files
+def test_sealed_files_stay_plain_torch_files_and_any_changed_byte_is_caught(tmp_path):
+    sd = {"w": torch.arange(12.0).reshape(3, 4), "b": torch.ones(3)}
+    path = tmp_path / "final_model.pt"
+    atomic.atomic_torch_save(sd, path)
+    loaded = torch.load(path, weights_only=True)
+    assert all(torch.equal(loaded[k], v) for k, v in sd.items())
+    assert atomic.check_sealed(path) is None
+    _flip_weight_byte(path)
+    assert atomic.check_sealed(path) == "its bytes differ from the ones written (SHA-256 mismatch)"
+    assert torch.load(path, weights_only=True)["w"].ne(sd["w"]).sum() == 1  # torch.load alone would use it
+    path.write_bytes(path.read_bytes()[:100])
+    assert atomic.check_sealed(path).startswith("it is truncated")
+    path.write_bytes(b"")
+    assert atomic.check_sealed(path) == "it is empty"
+
+
+def test_one_flipped_weight_byte_is_refused_and_the_previous_checkpoint_continues(reference, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _fit(out, 3) == 0
+    last, prev = out / "checkpoints" / "last.ckpt", out / "checkpoints" / "prev.ckpt"
+    assert torch.load(prev, weights_only=True)["round"] == 2
+    _flip_weight_byte(last)
+    capsys.readouterr()
+    assert _fit(out, 5, "--resume", str(last)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"fedlight fit: error: checkpoint {last} is damaged: its bytes differ from the ones written "
+                       f"(SHA-256 mismatch). The previous checkpoint {prev} (round 2) is intact: continue from it with "
+                       f"`--resume auto` or `--resume {prev}`")
+    assert _fit(out, 5, "--resume", "auto") == 0
+    err = capsys.readouterr().err
+    assert (f"fedlight: note: checkpoint {last} is damaged: its bytes differ from the ones written (SHA-256 "
+            f"mismatch); continuing from the previous good checkpoint {prev} (round 2)") in err
+    assert _rounds(out) == [1, 2, 3, 4, 5] and _same(out, reference)
+    assert main(["verify", str(out)]) == 0
+
+
+def test_a_damaged_checkpoint_without_a_previous_one_is_one_message(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _fit(out, 2) == 0
+    (out / "checkpoints" / "prev.ckpt").unlink()
+    last = out / "checkpoints" / "last.ckpt"
+    last.write_bytes(b"")
+    capsys.readouterr()
+    assert _fit(out, 3, "--resume", "auto") == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"fedlight fit: error: checkpoint {last} is damaged: it is empty"
+    assert "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------------------------ failed writes
+@pytest.mark.parametrize(("name", "nth", "saved"), [("last.ckpt", 3, 2), ("final_model.pt", 1, 4)])
+def test_a_full_disk_inside_torch_save_is_exit_74_then_resume_is_bitwise(name, nth, saved, reference, tmp_path,
+                                                                         capsys, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setenv("FEDLIGHT_FAULT", f"write:{name}:ENOSPC:{nth}")
+    assert _fit(out, 4) == 74
+    err = capsys.readouterr().err
+    target = out / "checkpoints" / name if name.endswith(".ckpt") else out / name
+    assert err.strip().splitlines()[-1] == (
+        f"fedlight fit: error: cannot write {target}: No space left on device. Free space or fix the folder, then "
+        f"continue with `--resume auto`. The last complete checkpoint is {out / 'checkpoints' / 'last.ckpt'} "
+        f"(round {saved}).")
+    assert "Traceback" not in err and "Exception in thread" not in err and not _leftovers(out)
+    monkeypatch.delenv("FEDLIGHT_FAULT")
+    assert _fit(out, 5, "--resume", "auto") == 0
+    assert _rounds(out) == [1, 2, 3, 4, 5] and _same(out, reference)
+
+
+@pytest.mark.parametrize(("name", "code", "where"), [
+    ("config.yaml", "EROFS", "config.yaml"), ("metrics.jsonl", "EIO", "metrics.jsonl"),
+    ("summary.json", "EDQUOT", "summary.json"), ("tfevents", "ENOSPC", "tb/tfevents")])
+def test_every_writer_fails_the_same_way(name, code, where, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setenv("FEDLIGHT_FAULT", f"write:{name}:{code}:2" if name == "metrics.jsonl" else
+                       f"write:{name}:{code}")
+    assert _fit(out, 3) == 74
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"fedlight fit: error: cannot write {out / where}: {os.strerror(getattr(errno, code))}. "
+                           "Free space or fix the folder, then continue with `--resume auto`."), err
+    assert "Traceback" not in err and "Exception in thread" not in err and not _leftovers(out)
+
+
+def test_torch_save_on_a_really_full_filesystem_names_the_file_and_keeps_the_old_one(tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        path = small / "last.ckpt"
+        atomic.atomic_torch_save({"w": torch.ones(1000)}, path)
+        with pytest.raises(OSError) as e:  # torch.save alone: RuntimeError "unexpected pos"
+            atomic.atomic_torch_save({"w": torch.zeros(200_000)}, path, previous=small / "prev.ckpt")
+        assert e.value.errno == errno.ENOSPC and e.value.filename == str(path)
+        assert atomic.check_sealed(path) is None and torch.load(path, weights_only=True)["w"].sum() == 1000
+        assert not list(small.glob(".*.tmp"))
+    finally:
+        subprocess.run(["umount", str(small)], capture_output=True)
+
+
+# ------------------------------------------------------------------------------------------------ damaged input
+@pytest.mark.parametrize(("damage", "message", "rows_left"), [
+    (lambda b: b.replace(b'{"round": 2', b'{"round": \xff2', 1),
+     "the rows of round 2 are missing (line 2 is not UTF-8)", 3),
+    (lambda b: b[:b.index(b'{"round": 2') + 20],
+     "the rows of rounds 2-3 are missing (line 2 is cut off or not JSON)", 1),  # round 4's row is in the checkpoint
+])
+def test_a_damaged_metrics_file_is_refused_naming_the_missing_rounds(damage, message, rows_left, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _fit(out, 4, "--loop.save_every", "4") == 0
+    metrics = out / "metrics.jsonl"
+    metrics.write_bytes(damage(metrics.read_bytes()))
+    before = metrics.read_bytes()
+    capsys.readouterr()
+    assert _fit(out, 5, "--loop.save_every", "4", "--resume", "auto") == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        f"fedlight fit: error: {metrics} is damaged: {message}, and the checkpoint (round 4) cannot restore them. "
+        "Put back a copy of the file, or start over with `--overwrite true`")
+    assert metrics.read_bytes() == before  # refused: nothing rewritten
+    assert main(["verify", str(out)]) == 2
+    from fedlight.lab import jobs
+
+    assert jobs.rounds_done(out) == rows_left  # `reproduce --status` counts the rows that are there
+
+
+# ------------------------------------------------------------------------------------------------ signals, kills
+def _paused(out: Path, rounds: int, point: str) -> subprocess.Popen:
+    """A real ``fedlight fit`` that waits at ``point`` (a fault point) for a stop signal; returned once it waits."""
+    ready = out.parent / "ready"
+    env = {**os.environ, "FEDLIGHT_FAULT": f"{point}:pause", "FEDLIGHT_FAULT_READY": str(ready)}
+    proc = subprocess.Popen(_cmd(out, rounds), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    return proc
+
+
+def test_sigterm_during_data_setup_is_a_clean_stop_and_a_second_one_changes_nothing(tmp_path):
+    out = tmp_path / "run"
+    proc = _paused(out, 3, "setup@0")
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # ignored: the stop is under way
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == ("fedlight: stopped by SIGTERM during start-up, before any round; nothing "
+                                            "is lost: run the same command again")
+    assert "Traceback" not in err and not (out / ".fedlight.lock").exists()
+
+
+def test_the_process_ends_right_after_the_stop_line_and_a_second_signal_changes_nothing(tmp_path):
+    proc = _paused(tmp_path / "run", 4, "train@2")
+    proc.send_signal(signal.SIGTERM)
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if "stopped at round" in line:
+            seen = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            break
+    proc.wait(timeout=60)
+    assert lines[-1] == "fedlight: stopped at round 2 by SIGTERM; continue with --resume auto\n", lines
+    assert proc.returncode == 143
+    assert time.monotonic() - seen < 2.0  # 0.2 s measured on an idle core; the bound leaves room for a loaded one
+
+
+def test_a_killed_final_model_write_leaves_no_temporary_file_after_the_next_start(reference, tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "FEDLIGHT_FAULT": "write:final_model.pt:KILL"}
+    res = subprocess.run(_cmd(out, 5), capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    assert _leftovers(out) and _leftovers(out)[0].startswith(".final_model.pt.")
+    assert _fit(out, 5, "--resume", "auto") == 0
+    assert not _leftovers(out) and _same(out, reference)
+
+
+# ------------------------------------------------------------------------------------------------ verify
+def test_verify_says_which_file_is_damaged(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _fit(out, 2) == 0
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.strip().splitlines()[-1] == f"{out}: every file verifies"
+    _flip_weight_byte(out / "final_model.pt")
+    (out / "summary.json").write_text('{"rounds_completed": ')
+    shutil.copy(out / "config.yaml", out / ".config.yaml.x1.tmp")
+    assert main(["verify", str(out)]) == 2
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "damaged  final_model.pt: its bytes differ from the ones written (SHA-256 mismatch)" in lines
+    assert any(ln.startswith("damaged  summary.json: not JSON") for ln in lines), lines
+    assert "leftover .config.yaml.x1.tmp: the temporary file of a killed write (removed at the next start)" in lines
+    assert "ok       checkpoints/last.ckpt (round 2)" in lines
+    assert lines[-1] == f"{out}: 2 damaged files"
