@@ -96,8 +96,11 @@ def test_a_requeued_slurm_job_resumes_and_ends_bitwise_equal(on_slurm, reference
     on_slurm.wait_for(lambda: jobs.read(out / RUN).get("state") == "stopped", "job.json to say stopped")
     line = _status(spec, out, capsys)[0]
     assert line.split()[2] == "stopped" and line.endswith("Slurm: PENDING (BeginTime), requeued 1×"), line
-    on_slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # not Slurm's two-minute requeue delay
-    on_slurm.wait_for(lambda: jobs.read(out / RUN).get("state") == "done", "the requeued job to finish the run")
+    # the resumed attempt gets room (a loaded machine must not meet a second end-of-job signal: that is not what
+    # this test checks), and starts now, not after Slurm's two-minute requeue delay
+    on_slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")
+    on_slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+    on_slurm.wait_for(lambda: jobs.read(out / RUN).get("state") == "done", "the requeued job to finish the run", 300)
     log = (out / RUN / "fit.log").read_text()
     assert "stopped at round 2 by SIGTERM" in log and "resumed from round 2" in log
     _same_model(out / RUN, reference)
@@ -119,8 +122,11 @@ def test_a_job_at_its_time_limit_is_requeued_by_the_launcher_and_finishes(on_slu
     job = str(jobs.read(out / RUN)["job"])
     assert on_slurm.job(job)["TimeLimit"] == "00:02:00"
     on_slurm.wait_for(lambda: on_slurm.job(job).get("Reason") == "BeginTime", "the launcher to requeue the job", 150)
-    on_slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # not Slurm's two-minute requeue delay
-    on_slurm.wait_for(lambda: jobs.read(out / RUN).get("state") == "done", "the requeued job to finish the run")
+    # the resumed attempt gets room (a loaded machine must not meet a second end-of-job signal: that is not what
+    # this test checks), and starts now, not after Slurm's two-minute requeue delay
+    on_slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")
+    on_slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+    on_slurm.wait_for(lambda: jobs.read(out / RUN).get("state") == "done", "the requeued job to finish the run", 300)
     log = (out / RUN / "fit.log").read_text()
     assert "stopped at round 2 by SIGUSR1" in log and "resumed from round 2" in log  # the launcher's stop, in time
     _same_model(out / RUN, reference)

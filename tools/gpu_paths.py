@@ -146,8 +146,9 @@ def swin(smoke: bool, acc: str, precision: str) -> None:
     model = models.Timm("swin_tiny_patch4_window7_224", num_classes=100, img_size=px, kwargs=kwargs)
     data = CIFAR100(root=str(root), num_clients=4, batch_size=batch, partition=Dirichlet(100.0), resize=px,
                     randaugment=RandAugment(), eval_batch_size=50)
-    algo = fedlight.algorithms.FedAdamW(blocks="hessian", head_dim=16 if smoke else 32, local_schedule="cosine")
-    loop = LoopConfig(rounds=1, clients_per_round=2, local_steps=steps, lr=1e-4, progress=False)
+    algo = fedlight.algorithms.FedAdamW(blocks="hessian", head_dim=16 if smoke else 32)
+    loop = LoopConfig(rounds=1, clients_per_round=2, local_steps=steps, lr=1e-4, local_lr_schedule="cosine",
+                      progress=False)
     summary, rows, _ = _fit(model, data, algo, loop, precision, acc)
     s = rows[0]["round_time_s"]
     print(f"paths: swin {px} px + RandAugment on {acc}: runner {summary['client_runner']}, one round {s:.2f} s "

@@ -295,7 +295,7 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
     memory = fedlight_loop(w.model(), None, w, algorithm="scaffold", data=data)
     for lp in (spilled, memory):
         lp.cfg.clients_per_round = clients_per_round
-    spilled.store = ClientStateStore("cpu", budget_bytes=int(budget_mb * 2**20), spill_dir=spill / "client_state")
+    spilled.state.store = ClientStateStore("cpu", budget_bytes=int(budget_mb * 2**20), spill_dir=spill / "client_state")
     base = P.zeros_like(spilled.x)
     per_client = P.nbytes(base)
     touched = {c for r in range(rounds + 1) for c in sample_clients(num_clients, clients_per_round, w.seed, r)}
@@ -309,7 +309,7 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
     fill_s, rss_fill = time.perf_counter() - t, rss_now_mb()
     counters = {"get": [0, 0.0], "put": [0, 0.0]}
 
-    def timed(name, fn):
+    def counted(name, fn):
         def wrapper(*a, **k):
             t0 = time.perf_counter()
             out = fn(*a, **k)
@@ -318,7 +318,7 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
             return out
         return wrapper
 
-    spilled.store.get, spilled.store.put = timed("get", spilled.store.get), timed("put", spilled.store.put)
+    spilled.store.get, spilled.store.put = counted("get", spilled.store.get), counted("put", spilled.store.put)
     ts: dict[str, list[float]] = {"spilled": [], "memory": []}
     for r in range(rounds + 1):  # round 0 is a warm-up
         for name, lp in (("spilled", spilled), ("memory", memory)):
