@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
 from lightning.pytorch import LightningDataModule
 from torch import nn
 
 from fedlight.algorithms import FedAvg
+from fedlight.config import launch
 from fedlight.config import resume as resumes
 from fedlight.config import settings as recorded
 from fedlight.config.advice import check_scales
@@ -126,29 +125,19 @@ def fit(
     plan = _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, _config_text,
                  (devices, num_nodes))
     plan.ckpt_path, plan.ckpt, plan.clear = resumes.start(plan.out, resume, overwrite, plan.defining)
-    fabric = _fabric(plan.accelerator, devices, num_nodes, plan.precision)
-    record = RunRecord(plan.out, rank0=fabric.global_rank == 0, rounds=loop.rounds, progress=loop.progress,
-                       hint=recorded.lr_hint(plan.algorithm, loop))
-    record.rotate = plan.ckpt_path is None or plan.ckpt_path.name != "prev.ckpt"  # else last.ckpt is damaged
-    _agree(fabric, record.acquire)
-    if plan.clear == "reuse":  # said once the directory is ours (a run refused by the lock replaces nothing)
-        resumes.note(f"{plan.out} holds a run that finished no round; reusing it (its files are replaced)")
+    fabric = launch.fabric(plan.accelerator, devices, num_nodes, plan.precision)
+    record = _record(fabric, plan)
     refused, agreed = True, False
     try:
         driver = _prepare(fabric, plan, record)
         _annotate(record, driver.loop, plan)
         record.watch.hint = getattr(driver.loop.task, "hint", None) or record.watch.hint  # the optimizer really used
         refused = False
-        effective = driver.loop.task.effective  # what trained, where the loop settings do not apply
-        text = plan.text + (f"# fedlight: local optimization used: {effective}\n" if effective else "")
-        with stops.disk_guard(record):  # a failed write: one message, exit 74
-            record.open(text, plan.data, overwrite=bool(plan.clear) and plan.ckpt is None, fresh=plan.ckpt is None)
-            with stops.stop_signals():  # clean stops on signals
-                try:
-                    summary = driver.fit()
-                except stops.Stopped:
-                    agreed = True  # every process stops after the same round
-                    raise
+        try:
+            summary = _train(driver, record, plan)
+        except stops.Stopped:
+            agreed = True  # every process stops after the same round
+            raise
         agreed = True
         return summary
     except Exception as e:  # the user's own code (a LightningModule's hook) raised mid-run: its frames, what is kept
@@ -160,6 +149,27 @@ def fit(
     finally:
         record.close(refused=refused)
         stops.end_processes(fabric, agreed)
+
+
+def _record(fabric, plan: Plan) -> RunRecord:
+    """The run record, its directory locked by this run (every process agrees)."""
+    record = RunRecord(plan.out, rank0=fabric.global_rank == 0, rounds=plan.loop.rounds, progress=plan.loop.progress,
+                       hint=recorded.lr_hint(plan.algorithm, plan.loop))
+    record.rotate = plan.ckpt_path is None or plan.ckpt_path.name != "prev.ckpt"  # else last.ckpt is damaged
+    launch.agree(fabric, record.acquire)
+    if plan.clear == "reuse":  # said once the directory is ours (a run refused by the lock replaces nothing)
+        resumes.note(f"{plan.out} holds a run that finished no round; reusing it (its files are replaced)")
+    return record
+
+
+def _train(driver: FitDriver, record: RunRecord, plan: Plan) -> dict[str, Any]:
+    """Open the run's files and run the rounds: a failed write is one message (exit 74), a stop signal a clean stop."""
+    effective = driver.loop.task.effective  # what trained, where the loop settings do not apply
+    text = plan.text + (f"# fedlight: local optimization used: {effective}\n" if effective else "")
+    with stops.disk_guard(record):
+        record.open(text, plan.data, overwrite=bool(plan.clear) and plan.ckpt is None, fresh=plan.ckpt is None)
+        with stops.stop_signals():
+            return driver.fit()
 
 
 def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, text, world) -> Plan:
@@ -214,19 +224,6 @@ def _model_and_config(model, data, algorithm, task, loop, seed, precision, text)
     return model, text
 
 
-def _fabric(accelerator: str, devices: int, num_nodes: int, precision: str):
-    try:
-        with warnings.catch_warnings():  # a machine with Slurm's client tools installed is not a Slurm job
-            warnings.filterwarnings("ignore", message="The `srun` command is available")
-            fabric = L.Fabric(accelerator=accelerator, devices=devices, num_nodes=num_nodes, precision=precision,
-                              strategy="ddp" if devices * num_nodes > 1 else "auto")
-    except (ValueError, RuntimeError, TypeError) as e:
-        raise ConfigError(f"`accelerator`/`devices`/`precision` ({accelerator}, {devices}, {precision}): "
-                          f"{str(e).splitlines()[0]}") from None
-    fabric.launch()
-    return fabric
-
-
 def _check_args(algorithm, data, loop: LoopConfig, devices: int, num_nodes: int) -> None:
     check_scales(algorithm, loop)  # an adaptive rule at an SGD-scale lr warns before round 1
     world = devices * num_nodes if isinstance(devices, int) and isinstance(num_nodes, int) else 1
@@ -241,19 +238,6 @@ def _check_clients(loop: LoopConfig, num_clients: int | None) -> None:
     if num_clients is not None:
         check(loop.clients_per_round <= num_clients,
               f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({num_clients})")
-
-
-def _agree(fabric, step) -> None:
-    """Run ``step`` (rank 0's part of a check) and make every rank raise the same error if it fails."""
-    error = None
-    try:
-        step()
-    except ConfigError as e:
-        error = str(e)
-    if fabric.world_size > 1:
-        error = fabric.broadcast(error, src=0)
-    if error is not None:
-        raise ConfigError(error)
 
 
 def _prepare(fabric, plan: Plan, record: RunRecord) -> FitDriver:
