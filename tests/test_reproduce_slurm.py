@@ -8,10 +8,12 @@ import csv
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
-from test_reproduce import write_spec
+from test_reproduce import _processes_naming, write_spec
 
 from fedlight.cli import main
 from fedlight.errors import ConfigError
@@ -66,6 +68,51 @@ def test_a_preempted_slurm_job_is_requeued_and_its_table_equals_an_uninterrupted
     assert capsys.readouterr().out.splitlines()[-1] == "2 runs: 2 done"
     assert main(["reproduce", *args, "--table-only"]) == 0
     assert _table(out) == _table(tmp_path / "ref")
+
+
+def test_sigusr1_to_a_job_process_stops_its_runs_records_them_and_the_same_command_resumes(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """SIGUSR1 (or Ctrl-C) sent to a submitit job process itself, not through Slurm's end-of-job signal: the job
+    passes it on to its runs, each stops after its round with its checkpoint, job.json and ``--status`` say
+    "stopped" (not "running"), no `fedlight fit` outlives the job, and the same command resumes them."""
+    spec = write_spec(tmp_path / "quick.yaml")
+    out = tmp_path / "out"
+    args = [str(spec), *SHRINK, "--out", str(out), "--launcher", "slurm", "--cluster", "local", "--per-gpu", "2"]
+    monkeypatch.setenv("FEDLIGHT_FAULT", "train@2:pause")
+    assert main(["reproduce", *args]) == 0
+    runs = [out / cell / "synthetic" / "seed0" for cell in ("fedavg", "fedprox")]
+    _wait(lambda: all(jobs.rounds_done(r) >= 1 and jobs.read(r).get("state") == "running" for r in runs),
+          "both runs to finish round 1")
+    os.kill(jobs.read(runs[0])["pid"], signal.SIGUSR1)
+    _wait(lambda: all(jobs.read(r).get("state") == "stopped" for r in runs), "job.json to say stopped")
+    _wait(lambda: not _processes_naming(str(out / "fedavg")) and not _processes_naming(str(out / "fedprox")),
+          "no fit process left")
+    for r in runs:
+        assert "stopped at round 2 by SIGUSR1" in (r / "fit.log").read_text()
+        assert jobs.rounds_done(r) == 2
+    assert main(["reproduce", *args, "--status"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "2 runs: 2 stopped"
+    monkeypatch.delenv("FEDLIGHT_FAULT")
+    assert main(["reproduce", *args, "--wait"]) == 0
+    for r in runs:
+        assert "resumed from round 2" in (r / "fit.log").read_text() and (r / "summary.json").is_file()
+
+
+def test_a_running_record_whose_launcher_died_reads_as_stopped(tmp_path, capsys):
+    """A launcher killed outright (SIGKILL: nothing can record it) leaves job.json "running"; ``--status`` sees
+    that no process of that id lives on this host and says "stopped", naming the process."""
+    spec = write_spec(tmp_path / "quick.yaml")
+    s = reproduce.load_spec(spec)
+    run = reproduce.plan(s, reproduce.cells(s)[:1], [0], tmp_path / "o", None)[0]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    jobs.mark(run.path, state="running", pid=dead.pid, host=jobs.host())
+    st, detail = jobs.state(run)
+    assert st == "stopped" and f"process {dead.pid}" in detail and "the same command resumes it" in detail
+    jobs.mark(run.path, pid=os.getpid())
+    assert jobs.state(run)[0] == "running"
+    jobs.mark(run.path, pid=dead.pid, host="another-host")  # another machine's process cannot be seen: trusted
+    assert jobs.state(run)[0] == "running"
 
 
 def test_status_names_each_state_and_the_last_log_line_of_a_failure(tmp_path, capsys):

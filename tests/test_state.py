@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 
 import pytest
 import torch
@@ -159,6 +160,36 @@ def test_spilled_checkpoint_references_files_and_keeps_them(tmp_path):
     want = {0: rich_state(10), 1: rich_state(1), 2: rich_state(2), 3: rich_state(3)}
     assert again.ids() == [0, 1, 2, 3]
     assert all(bitwise_equal(again.get(c, "cpu"), want[c]) for c in want)
+
+
+def test_a_resume_keeps_the_files_the_checkpoint_before_names(tmp_path):
+    """The previous checkpoint (checkpoints/prev.ckpt, the fallback when last.ckpt is damaged) stays loadable across
+    a resume: before the next checkpoint and after it; its files go only once two later checkpoints no longer name
+    them, as without the resume."""
+    spill = tmp_path / "client_state"
+    store = ClientStateStore(budget_bytes=0, spill_dir=spill)
+    for cid in range(3):
+        store.put(cid, rich_state(cid))
+    d1 = _save_load(store.state_dict())
+    store.put(0, rich_state(10))
+    d2 = _save_load(store.state_dict())  # last.ckpt; d1 is prev.ckpt
+    named = lambda d: {e["path"] for e in d["spilled"].values()}  # noqa: E731
+    only_in_d1 = named(d1) - named(d2)
+    assert len(only_in_d1) == 1
+    again = ClientStateStore(budget_bytes=0, spill_dir=spill)  # resume in a fresh process from d2
+    again.load_state_dict(d2)
+    assert all(os.path.exists(f) for f in named(d1))  # prev.ckpt still loads
+    shutil.copytree(spill, tmp_path / "copy")  # (a second store over the same folder would tidy it)
+    fresh = ClientStateStore(budget_bytes=0, spill_dir=tmp_path / "copy")
+    fresh.load_state_dict(d1)
+    assert bitwise_equal(fresh.get(0, "cpu"), rich_state(0))
+    again.put(1, rich_state(11))
+    d3 = _save_load(again.state_dict())  # d2 becomes prev.ckpt
+    assert all(os.path.exists(f) for f in named(d2)) and not any(os.path.exists(f) for f in only_in_d1)
+    again.put(2, rich_state(12))
+    d4 = _save_load(again.state_dict())  # d3 becomes prev.ckpt: d2's superseded file of client 1 goes
+    assert sorted(os.listdir(spill)) == sorted(os.path.basename(f) for f in named(d3) | named(d4))  # no leak
+    assert d2["previous"] == sorted(named(d1)) and d4["previous"] == sorted(named(d3))
 
 
 def test_spilled_checkpoint_detects_missing_and_corrupt_files(tmp_path):

@@ -208,6 +208,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     previous = stops.from_start()  # the first instruction: a stop signal during imports or set-up is a clean stop
+    stops.LEAVING = argv is None  # the program: it exits right after a stop (a call from Python returns instead)
     if argv is None:
         stops.die_with_parent()
     try:
@@ -215,13 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     except stops.StoppedAtStart as e:  # during start-up (the rounds raise Stopped inside _main)
         print(f"fedlight: {e.stopped}", file=sys.stderr, flush=True)
         status = e.stopped.status
-    if status in STOP_STATUSES:  # stop signals stay ignored until the process has exited
-        if argv is None:  # the program itself: every file is closed, the stop line printed; leave at once
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(status)  # (the interpreter's own teardown takes seconds)
-        return status
-    stops.restore(previous)
+    if status in STOP_STATUSES and argv is None:  # the program: every file is closed, the stop line printed;
+        sys.stdout.flush()  # stop signals stay ignored, and it leaves at once
+        sys.stderr.flush()
+        os._exit(status)  # (the interpreter's own teardown takes seconds)
+    stops.restore(previous)  # called from Python: the caller's handlers again
     return status
 
 

@@ -4,7 +4,8 @@ State survives rounds in which the client is not sampled and lives off the accel
 budget, the least recently stored states beyond it spill to one flat file per client (read back through a private
 memory map), so 10,000 stateful clients need disk, not RAM. A checkpoint then holds the in-memory states plus a
 reference (path, size, crc32) per spilled client: files are written atomically, fsynced before the checkpoint that
-names them, and deleted only once two later checkpoints no longer name them.
+names them, and deleted only once two later checkpoints no longer name them (also across a resume: a checkpoint
+lists the files of the one before it, ``checkpoints/prev.ckpt``, the fallback if the last one is damaged).
 """
 
 from __future__ import annotations
@@ -208,6 +209,12 @@ class ClientStateStore:
             self._garbage.discard(path)
             self._unsynced.discard(path)
 
+    def _here(self, path: Path) -> Path:
+        """A file a checkpoint names, in this store's folder when the run directory was moved."""
+        if not path.is_file() and self.spill_dir is not None and (self.spill_dir / path.name).is_file():
+            return self.spill_dir / path.name
+        return path
+
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self, materialize: bool | None = None) -> dict[str, Any]:
         """Everything needed to restore the store, for a checkpoint. With a spill folder every state is referenced by
@@ -230,16 +237,15 @@ class ClientStateStore:
         self._pins = (self._pins[1], {e["path"] for e in self._disk.values()})
         self._collect()
         return {"states": {}, "spilled": {int(k): {"spec": e["spec"], "path": str(e["path"]), "nbytes": e["nbytes"],
-                                                   "crc": e["crc"]} for k, e in self._disk.items()}}
+                                                   "crc": e["crc"]} for k, e in self._disk.items()},
+                "previous": sorted(str(p) for p in self._pins[0])}  # the files the checkpoint before names
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         for cid in self.ids():
             self._drop(cid)
         referenced = set()
         for cid, e in d.get("spilled", {}).items():
-            path = Path(e["path"])
-            if not path.is_file() and self.spill_dir is not None and (self.spill_dir / path.name).is_file():
-                path = self.spill_dir / path.name  # the run directory was moved
+            path = self._here(Path(e["path"]))
             if not path.is_file() or path.stat().st_size != e["nbytes"]:
                 raise FileNotFoundError(f"client {cid}'s spilled state {e['path']} is missing or truncated; the "
                                         "checkpoint references files in the run's client-state folder")
@@ -248,11 +254,15 @@ class ClientStateStore:
             self._disk[int(cid)] = {"spec": spec, "path": path, "nbytes": e["nbytes"], "crc": e["crc"],
                                     "owned": owned, "verified": False}
             referenced.add(path)
-        self._pins = (referenced, set())
+        # The checkpoint before this one (checkpoints/prev.ckpt, the fallback) names these: kept until two later
+        # checkpoints no longer do, as in the run that wrote them; then deleted like any superseded file.
+        previous = {self._here(Path(f)) for f in d.get("previous", [])}
+        self._pins = (previous, referenced)
+        self._garbage |= {f for f in previous - referenced if self.spill_dir is not None and f.parent == self.spill_dir}
         for cid, state in d["states"].items():
             self.put(int(cid), state)
         if self.spill_dir is not None:  # files of this folder no one references: left by a killed run
-            keep = {e["path"] for e in self._disk.values()}
+            keep = {e["path"] for e in self._disk.values()} | previous
             for f in [*self.spill_dir.glob("c*-*-*.bin"), *self.spill_dir.glob("c*-*-*.tmp")]:
                 if f not in keep:
                     f.unlink(missing_ok=True)

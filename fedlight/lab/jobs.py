@@ -8,8 +8,13 @@ together with the run's own files: rounds finished (``metrics.jsonl``), the summ
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
+import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,21 @@ LIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "UNKNOWN"
 
 def host() -> str:
     return socket.gethostname()
+
+
+def alive(record: dict[str, Any]) -> bool:
+    """Whether the process a ``running`` record names may still run: ``False`` only when it ran on this host and
+    no process has its id any more (killed with its launcher, a machine restart); another host's cannot be seen."""
+    pid = record.get("pid")
+    if record.get("host") != host() or not isinstance(pid, int):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it exists
+        return True
+    return True
 
 
 def read(path: Path) -> dict[str, Any]:
@@ -75,6 +95,9 @@ def state(run, scheduler=None) -> tuple[str, str]:
         seen = scheduler(str(job["job"]))
         if seen and seen.split()[0].upper() not in LIVE:
             return "failed", f"{where}; the scheduler reports {seen}: {last_line(run.path) or 'no fit.log'}"
+    if st == "running" and not alive(job):
+        return "stopped", (f"{where}; its launcher (process {job.get('pid')}) ended without recording it; the same "
+                           "command resumes it")
     if st == "running":
         return "running", f"{where} on {job.get('host', '?')}"
     if st in ("failed", "done", "diverged"):  # done/diverged per job.json but not finished: files were removed
@@ -96,3 +119,52 @@ def status_table(runs, scheduler=None) -> str:
         lines.append(f"{r.cell.run_key + ' seed' + str(r.seed):<{width}}  {st:<11} {detail}".rstrip())
     lines.append(f"{len(todo)} runs: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     return "\n".join(lines)
+
+
+class Children:
+    """The ``fedlight fit`` processes a launcher started (``fedlight reproduce``'s pool, a Slurm job). While
+    :meth:`forwarding`, a stop signal is passed on to every one of them (each stops after its round in progress, its
+    checkpoint written) and no further run starts; the launcher then waits for them, so none outlives it.
+    ``signals``: the ones forwarded (default SIGTERM, SIGINT, SIGUSR1); ``popen``: extra ``Popen`` arguments of
+    every child."""
+
+    def __init__(self, signals: tuple[str, ...] | None = None, **popen: Any) -> None:
+        from fedlight.run.stops import STOP_SIGNALS
+
+        self.signals = STOP_SIGNALS if signals is None else signals
+        self.popen = popen
+        self.procs: set[subprocess.Popen] = set()
+        self.lock = threading.Lock()
+        self.signal: str | None = None
+
+    def call(self, cmd: list[str], **kw: Any) -> int | None:
+        """Run ``cmd`` and wait for it; ``None`` (not started) once a stop signal came."""
+        with self.lock:
+            if self.signal:
+                return None
+            proc = subprocess.Popen(cmd, **kw, **self.popen, process_group=0)  # a terminal's Ctrl-C: forwarded once
+            self.procs.add(proc)
+        try:
+            return proc.wait()
+        finally:
+            with self.lock:
+                self.procs.discard(proc)
+
+    def live(self) -> list[subprocess.Popen]:
+        return [p for p in list(self.procs) if p.poll() is None]
+
+    def forward(self, signum: int, frame=None) -> None:
+        self.signal = self.signal or signal.Signals(signum).name
+        for proc in self.live():
+            proc.send_signal(signum)
+
+    @contextlib.contextmanager
+    def forwarding(self):
+        main = threading.current_thread() is threading.main_thread()
+        sigs = [getattr(signal, name) for name in self.signals if hasattr(signal, name)] if main else []
+        previous = {sig: signal.signal(sig, self.forward) for sig in sigs}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, signal.SIG_IGN if self.signal else handler)  # a stop is under way: stay quiet

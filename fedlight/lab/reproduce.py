@@ -31,7 +31,6 @@ with ``--resume auto`` on preemption or time-out. Either way each run folder kee
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import fnmatch
 import json
@@ -51,6 +50,7 @@ from typing import Any
 from fedlight.cli import recipes_dir
 from fedlight.errors import ConfigError, check
 from fedlight.lab import report as rep
+from fedlight.lab.jobs import Children
 
 SHRINK_KEYS = {"rounds": "loop.rounds", "subset": "data.init_args.subset", "test_subset": "data.init_args.test_subset"}
 SPEC_KEYS = {"title", "base", "metric", "also", "overrides", "rows", "columns", "cell_overrides", "paper", "notes",
@@ -370,48 +370,6 @@ def run_all(runs: list[Run], jobs: int, slots: list[str] | None = None) -> dict[
     if children.signal:
         counts["signal"] = children.signal
     return counts
-
-
-class Children:
-    """The ``fedlight fit`` processes this command started. While :meth:`forwarding`, a stop signal (SIGTERM,
-    SIGINT, SIGUSR1) is passed on to every one of them (each stops after its round in progress, its checkpoint
-    written) and no further run starts; the pool then waits for them, so none outlives this process."""
-
-    def __init__(self) -> None:
-        self.procs: set[subprocess.Popen] = set()
-        self.lock = threading.Lock()
-        self.signal: str | None = None
-
-    def call(self, cmd: list[str], **kw: Any) -> int | None:
-        with self.lock:
-            if self.signal:
-                return None
-            proc = subprocess.Popen(cmd, **kw, process_group=0)  # a terminal's Ctrl-C reaches it once: forwarded
-            self.procs.add(proc)
-        try:
-            return proc.wait()
-        finally:
-            with self.lock:
-                self.procs.discard(proc)
-
-    def forward(self, signum: int, frame) -> None:
-        self.signal = self.signal or signal.Signals(signum).name
-        for proc in list(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signum)
-
-    @contextlib.contextmanager
-    def forwarding(self):
-        from fedlight.run.stops import STOP_SIGNALS
-
-        main = threading.current_thread() is threading.main_thread()
-        sigs = [getattr(signal, name) for name in STOP_SIGNALS if hasattr(signal, name)] if main else []
-        previous = {sig: signal.signal(sig, self.forward) for sig in sigs}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, signal.SIG_IGN if self.signal else handler)  # a stop is under way: stay quiet
 
 
 # ------------------------------------------------------------------------------------------------ the table

@@ -127,8 +127,13 @@ class CellJob(submitit.helpers.Checkpointable):
     the processes' environment (the launcher's own, :func:`fedlight.lab.reproduce.run_one` and ``run_env``)."""
 
     def __init__(self, runs: list, res: Resources, run_one: Callable, run_env: Callable) -> None:
+        from fedlight.lab.jobs import Children
+
         self.runs, self.res, self.run_one, self.run_env = runs, res, run_one, run_env
-        self._procs: dict[int, subprocess.Popen] = {}
+        # SIGINT/SIGUSR1 to the job process go on to its runs; SIGTERM stays submitit's (ignored: the scheduler
+        # signals every process of the job itself, and its requeue signal may follow)
+        self._children = Children(("SIGINT", "SIGUSR1"), preexec_fn=_ignore_end_signal)
+        self._rc: dict[int, int | None] = {}
         self._requeueing = False
 
     def __getstate__(self) -> dict[str, Any]:  # what submitit pickles: no process handles
@@ -138,8 +143,11 @@ class CellJob(submitit.helpers.Checkpointable):
         self.__init__(**state)
 
     def __call__(self) -> dict[str, str]:
-        with ThreadPoolExecutor(len(self.runs)) as pool:
+        with self._children.forwarding(), ThreadPoolExecutor(len(self.runs)) as pool:
             statuses = list(pool.map(self._one, range(len(self.runs))))
+        if self._children.signal:  # the job was told to stop: its runs stopped after their round, recorded
+            raise RuntimeError(f"stopped by {self._children.signal}: the runs stopped after a finished round; rerun "
+                               "the same `fedlight reproduce` command to resume them")
         if "stopped" in statuses:  # stopped by the scheduler's SIGTERM: submitit's requeue signal may follow
             time.sleep(STOP_WAIT_S)
         bad = [f"{r.cell.run_key} seed{r.seed}: {s}" for r, s in zip(self.runs, statuses)
@@ -158,19 +166,19 @@ class CellJob(submitit.helpers.Checkpointable):
         jobs.mark(run.path, state="running", pid=os.getpid(), host=jobs.host(), job=job, note="")
         status = self.run_one(run, env, call=lambda cmd, **kw: self._call(slot, cmd, **kw), mark=False)
         if not self._requeueing:
-            jobs.mark(run.path, state=status, rc=self._procs[slot].returncode if slot in self._procs else None)
+            jobs.mark(run.path, state=status, rc=self._rc.get(slot))
         return status
 
-    def _call(self, slot: int, cmd: list[str], **kw: Any) -> int:
-        self._procs[slot] = proc = subprocess.Popen(cmd, preexec_fn=_ignore_end_signal, **kw)  # noqa: PLW1509
-        return proc.wait()
+    def _call(self, slot: int, cmd: list[str], **kw: Any) -> int | None:
+        self._rc[slot] = rc = self._children.call(cmd, **kw)
+        return rc
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """submitit's hook at the end-of-job signal: stop every run after its round, then requeue this job."""
         from fedlight.lab import jobs
 
         self._requeueing = True
-        live = [p for p in self._procs.values() if p.poll() is None]
+        live = self._children.live()
         for p in live:
             p.send_signal(signal.SIGUSR1)
         deadline = time.monotonic() + STOP_WAIT_S

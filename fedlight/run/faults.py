@@ -10,7 +10,8 @@ where the run is).
 ``write:<file name>:<ERRNO>[:<n>]`` — the ``n``-th write (default the first) to a file of that name (``last.ckpt``,
 ``final_model.pt``, ``summary.json``, ``config.yaml``, ``metrics.jsonl``, ``table.md``, ...) fails with that errno
 (``ENOSPC``, ``EDQUOT``, ``EROFS``, ``EIO``), exactly where a real disk would fail it; ``KILL`` SIGKILLs the
-process there instead (TensorBoard's event file is named ``tfevents``).
+process there instead (TensorBoard's event file is named ``tfevents``; its error is raised inside TensorBoard's own
+writer thread, :class:`FaultyFile`).
 
 Before a kill, the run's background writer drains (:data:`DRAIN`), so the kill falls exactly at the named point
 with earlier checkpoints durable.
@@ -59,6 +60,21 @@ def on_write(path: Path) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         number = getattr(errno, code)
         raise OSError(number, os.strerror(number), str(path))
+
+
+class FaultyFile:
+    """A file object whose writes go through :func:`on_write` for ``path`` first: set inside a library's own writer
+    (TensorBoard's event-file thread), the injected error is raised where a real disk would raise it."""
+
+    def __init__(self, file, path: Path) -> None:
+        self.file, self.path = file, path
+
+    def write(self, data):
+        on_write(self.path)
+        return self.file.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
 
 
 def _pause() -> None:

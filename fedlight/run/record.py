@@ -130,10 +130,11 @@ class RunRecord:
     def _open_tensorboard(self, config_text: str | None, data: Any) -> None:
         from fedlight.run.tensorboard import RunLogger
 
-        self.logger = RunLogger(self.out)
-        self.logger.log_config(config_text or "")
-        if data is not None:
-            self.logger.log_partition(data)
+        with _disk_errors(self.out / "tb"):  # TensorBoard's thread raises a failed write without its file name
+            self.logger = RunLogger(self.out)
+            self.logger.log_config(config_text or "")
+            if data is not None:
+                self.logger.log_partition(data)
 
     def begin(self, start_round: int, last_row: dict[str, Any] | None) -> None:
         """Align ``metrics.jsonl`` with the checkpoint the run starts from; start the progress display."""
@@ -184,7 +185,8 @@ class RunRecord:
 
     def _log_round(self, row: dict[str, Any]) -> None:
         if self.logger is not None:
-            self.logger.log_round(row, step=int(row["round"]))
+            with _disk_errors(self.out / "tb"):
+                self.logger.log_round(row, step=int(row["round"]))
 
     def _append(self, row: dict[str, Any], keep: bool = True) -> None:
         if keep:
@@ -213,7 +215,8 @@ class RunRecord:
         with _disk_errors(self.out / "summary.json"):
             atomic.atomic_write_text(self.out / "summary.json", json.dumps(_strict(summary), indent=2) + "\n")
         if self.logger is not None and self.hparams is not None:
-            self.logger.log_summary(self.hparams, _strict(summary))
+            with _disk_errors(self.out / "tb"):
+                self.logger.log_summary(self.hparams, _strict(summary))
 
     def abort(self) -> None:
         """After a failed write: stop the progress display, the checkpoint writer and TensorBoard without letting
@@ -237,10 +240,13 @@ class RunRecord:
                 self.writer.close()
             finally:
                 self.writer = None
-                if self.logger is not None:
-                    self.logger.close()
-                    self.logger = None
-                self.lock.release(refused=refused)
+                logger, self.logger = self.logger, None
+                try:
+                    if logger is not None:
+                        with _disk_errors(self.out / "tb"):
+                            logger.close()
+                finally:
+                    self.lock.release(refused=refused)
 
 
 @contextlib.contextmanager

@@ -171,6 +171,11 @@ def _quiet() -> None:
                 signal.signal(sig, signal.SIG_IGN)
 
 
+LEAVING = False
+"""``True`` in the ``fedlight`` program, which exits right after a stopped run: further stop signals are then ignored
+until the exit (a second signal must not turn a clean stop into a failure). A run called from Python (the API, or
+``main([...])``) instead gives its caller's handlers back when it returns: a notebook's Ctrl-C works again."""
+
 ACTIVE: list[StopSignals] = []
 """The flags of the runs in progress in this process (the test pause in :func:`fedlight.run.files.fault` reads it)."""
 
@@ -192,7 +197,7 @@ def stop_signals():
         ACTIVE.remove(flag)
         for sig, handler in flag.previous.items():
             signal.signal(sig, handler)
-        if flag.name:
+        if flag.name and LEAVING:
             _quiet()
 
 

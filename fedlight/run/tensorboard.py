@@ -15,6 +15,7 @@ What lands in ``<run>/tb``:
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,9 @@ class RunLogger:
         self.out_dir = Path(out_dir)
         self.dir = self.out_dir / "tb"
         self.writer = SummaryWriter(log_dir=str(self.dir))
+        if os.environ.get("FEDLIGHT_FAULT", "").startswith("write:tfevents:"):  # the disk-failure tests
+            records = self.writer.file_writer.event_writer._async_writer._writer  # TensorBoard's RecordWriter
+            records._writer = faults.FaultyFile(records._writer, self.dir / "tfevents")
         self._config_text = ""
         self._first_step: int | None = None
         self._layout_written = False
@@ -188,7 +192,6 @@ class RunLogger:
     # ------------------------------------------------------------------------------------------ per round
     def log_round(self, row: dict[str, Any], step: int) -> None:
         """Every numeric entry of a ``metrics.jsonl`` row, under its grouped tag, at ``step`` (the round)."""
-        faults.on_write(self.dir / "tfevents")  # TensorBoard's event file, for the disk-failure tests
         if self._first_step is None:
             self._first_step = step
             self._purge_from(step)

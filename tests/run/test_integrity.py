@@ -146,7 +146,7 @@ def test_a_full_disk_inside_torch_save_is_exit_74_then_resume_is_bitwise(name, n
 
 @pytest.mark.parametrize(("name", "code", "where"), [
     ("config.yaml", "EROFS", "config.yaml"), ("metrics.jsonl", "EIO", "metrics.jsonl"),
-    ("summary.json", "EDQUOT", "summary.json"), ("tfevents", "ENOSPC", "tb/tfevents")])
+    ("summary.json", "EDQUOT", "summary.json"), ("tfevents", "ENOSPC", "tb")])
 def test_every_writer_fails_the_same_way(name, code, where, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     monkeypatch.setenv("FEDLIGHT_FAULT", f"write:{name}:{code}:2" if name == "metrics.jsonl" else
@@ -157,6 +157,26 @@ def test_every_writer_fails_the_same_way(name, code, where, tmp_path, capsys, mo
     assert last.startswith(f"fedlight fit: error: cannot write {out / where}: {os.strerror(getattr(errno, code))}. "
                            "Free space or fix the folder, then continue with `--resume auto`."), err
     assert "Traceback" not in err and "Exception in thread" not in err and not _leftovers(out)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # TensorBoard's thread ends so
+def test_the_tensorboard_fault_is_raised_inside_tensorboards_own_writer_thread(tmp_path, monkeypatch):
+    """The injected event-file error comes from TensorBoard's file write in its background thread (where a full
+    disk raises it) and reaches fedlight only through TensorBoard's own re-raise, as a real one does."""
+    import traceback
+
+    from fedlight.run.tensorboard import RunLogger
+
+    monkeypatch.setenv("FEDLIGHT_FAULT", "write:tfevents:ENOSPC")
+    logger = RunLogger(tmp_path)
+    with pytest.raises(OSError) as e:
+        for step in range(1, 50):  # the thread fails on its first write; a later add or flush re-raises it
+            logger.log_round({"round": step, "test_acc": 0.5}, step)
+    frames = [f.filename for f in traceback.extract_tb(e.value.__traceback__)]
+    assert e.value.errno == errno.ENOSPC
+    assert any(f.endswith("record_writer.py") for f in frames), frames
+    with pytest.raises(OSError):
+        logger.close()
 
 
 def test_torch_save_on_a_really_full_filesystem_names_the_file_and_keeps_the_old_one(tmp_path):
@@ -243,6 +263,44 @@ def test_the_process_ends_right_after_the_stop_line_and_a_second_signal_changes_
     assert lines[-1] == "fedlight: stopped at round 2 by SIGTERM; continue with --resume auto\n", lines
     assert proc.returncode == 143
     assert time.monotonic() - seen < 2.0  # 0.2 s measured on an idle core; the bound leaves room for a loaded one
+
+
+def test_fit_called_from_python_returns_right_after_its_stop_line(tmp_path, monkeypatch):
+    """Called as a library (``main([...])`` in the caller's own process, no ``os._exit``): the call returns as
+    soon as its stop line is out, with the stop status; the caller's interpreter goes on."""
+    import threading
+
+    ready, stamps = tmp_path / "ready", {}
+    monkeypatch.setenv("FEDLIGHT_FAULT", "train@2:pause")
+    monkeypatch.setenv("FEDLIGHT_FAULT_READY", str(ready))
+
+    class Stamped:  # sys.stderr that notes when the stop line is written
+        def __init__(self, inner):
+            self.inner = inner
+
+        def write(self, text):
+            if "stopped at round" in text:
+                stamps.setdefault("line", time.monotonic())
+            return self.inner.write(text)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    def signal_when_paused():
+        deadline = time.monotonic() + 300
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(sys, "stderr", Stamped(sys.stderr))
+    callers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    threading.Thread(target=signal_when_paused, daemon=True).start()
+    status = _fit(tmp_path / "run", 4)
+    returned = time.monotonic()
+    assert status == 143 and "line" in stamps
+    assert returned - stamps["line"] < 0.5, returned - stamps["line"]
+    assert {sig: signal.getsignal(sig) for sig in callers} == callers  # the caller's Ctrl-C works again
+    assert _rounds(tmp_path / "run") == [1, 2]
 
 
 def test_a_killed_final_model_write_leaves_no_temporary_file_after_the_next_start(reference, tmp_path):
