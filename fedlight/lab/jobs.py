@@ -40,7 +40,7 @@ def alive(record: dict[str, Any]) -> bool:
     except ProcessLookupError:
         return False
     except OSError:  # another user's process: it exists
-        return True
+        pass
     return True
 
 
