@@ -1,9 +1,11 @@
-"""The import paths of modules before the package was grouped into ``core/``, ``engine/`` and ``config/``.
+"""Retired import paths: modules that lived at ``fedlight.<name>`` before the package was grouped into ``core/``,
+``engine/`` and ``config/``.
 
-``import fedlight.rules`` (or ``fedlight.loop``, ``fedlight.cli`` ...) keeps working and gives the very module object
-of its new home (``fedlight.core.rules``), so ``monkeypatch`` and ``isinstance`` see one module, and
-``python -m fedlight.cli`` still runs the command. No file is left at an old path (other branches' edits of a moved
-file follow it through git's rename detection).
+``import fedlight.loop`` (or ``fedlight.cli``, ``fedlight.args`` ...) keeps working for a user's old script: it gives
+the very module object of the new home (``fedlight.engine.loop``), so ``monkeypatch`` and ``isinstance`` see one
+module, with a :class:`DeprecationWarning` that names the path to use. No file exists at a retired path and nothing
+inside fedlight imports one (``tests/test_imports.py`` fails on any). The two short paths users are taught,
+``fedlight.rules`` and ``fedlight.params``, are real re-export files, not retired names.
 """
 
 from __future__ import annotations
@@ -12,19 +14,21 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 
 MOVED = {
-    "rules": "core.rules", "params": "core.params", "registry": "core.registry", "precision": "core.precision",
-    "loop": "engine.loop", "fitting": "engine.driver", "loop_state": "engine.state", "state": "engine.client_store",
-    "aggregate": "engine.aggregate", "sampling": "engine.sampling",
-    "api": "config.api", "args": "config.args", "flags": "config.flags", "advice": "config.advice",
-    "spec": "config.spec", "catalog": "config.catalog", "cli": "config.cli",
+    "registry": "core.registry", "precision": "core.precision", "sampling": "core.sampling", "spec": "core.spec",
+    "args": "core.loop_config",
+    "loop": "engine.loop", "fitting": "engine.driver", "loop_state": "engine.loop_state",
+    "state": "engine.client_store", "aggregate": "engine.aggregate",
+    "api": "config.api", "flags": "config.flags", "advice": "config.advice", "catalog": "config.catalog",
+    "cli": "config.cli",
 }
-"""Old name under ``fedlight.`` → new name under ``fedlight.``."""
+"""Retired name under ``fedlight.`` → its module under ``fedlight.``."""
 
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds ``fedlight.<old>`` and answers with the module ``fedlight.<new>`` (imported on first use)."""
+    """Finds ``fedlight.<retired>`` and answers with the module ``fedlight.<new>`` (imported on first use)."""
 
     def find_spec(self, name, path=None, target=None):
         old = name.removeprefix("fedlight.")
@@ -34,13 +38,16 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(name, self, origin=origin)
 
     def create_module(self, spec):
-        return importlib.import_module(f"fedlight.{MOVED[spec.name.removeprefix('fedlight.')]}")
+        new = f"fedlight.{MOVED[spec.name.removeprefix('fedlight.')]}"
+        warnings.warn(f"`{spec.name}` is a retired import path; import `{new}` instead", DeprecationWarning,
+                      stacklevel=2)
+        return importlib.import_module(new)
 
     def exec_module(self, module) -> None:
         """The module is the new one, already executed."""
 
     def get_code(self, name):
-        """For ``python -m fedlight.<old>``: the new module's code, run as ``__main__``."""
+        """For ``python -m fedlight.<retired>``: the new module's code, run as ``__main__``."""
         new = f"fedlight.{MOVED[name.removeprefix('fedlight.')]}"
         return importlib.util.find_spec(new).loader.get_code(new)
 

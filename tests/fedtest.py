@@ -9,10 +9,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedlight.args import LoopConfig
+from fedlight.core.loop_config import LoopConfig
 from fedlight.data import TensorClients
-from fedlight.fitting import FitDriver
-from fedlight.loop import FederatedLoop
+from fedlight.engine.driver import FitDriver
+from fedlight.engine.loop import FederatedLoop
 from fedlight.run.files import load_checkpoint
 from fedlight.run.record import RunRecord
 

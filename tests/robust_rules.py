@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fedlight.rules import Algorithm, ClientResult, ServerRule
+from fedlight.core.rules import Algorithm, ClientResult, ServerRule
 
 
 class MedianServer(ServerRule):

@@ -1,5 +1,5 @@
 """An adaptive rule comes with its paper's learning rate unless the user chose one; a chosen value outside the range
-in which the rule trains warns before round 1 (fedlight.advice)."""
+in which the rule trains warns before round 1 (fedlight.config.advice)."""
 
 import inspect
 from dataclasses import fields
@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 import fedlight
-from fedlight import cli
-from fedlight.advice import ScaleWarning, check_scales, scales_of
-from fedlight.args import LoopConfig
+from fedlight.config import cli
+from fedlight.config.advice import check_scales
+from fedlight.core.loop_config import LoopConfig
+from fedlight.core.scale import ScaleWarning, scales_of
 
 TINY = str(Path(__file__).parent / "configs" / "tiny.yaml")  # SCAFFOLD at loop.lr 0.05
 ADAPTIVE = ("fedadamw", "local_adam", "local_adamw", "fedlada", "fedadam")
@@ -24,7 +25,7 @@ def _parse(*args):
 @pytest.mark.parametrize("name", ADAPTIVE)
 def test_adaptive_rules_declare_their_scale(name):
     cls = fedlight.get_algorithm(name).cls
-    assert scales_of(cls), f"{name} divides by √v: declare `scales` (fedlight.advice.Scale)"
+    assert scales_of(cls), f"{name} divides by √v: declare `scales` (fedlight.config.advice.Scale)"
     for s in scales_of(cls):
         assert s.low <= s.paper <= s.high
         group, _, key = s.key.partition(".")

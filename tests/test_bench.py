@@ -75,8 +75,7 @@ def test_cli_wrapper_help():
 
 
 def test_cli_table_resolves_fedlight_bench():
-    from fedlight import cli
-
+    from fedlight.config import cli
     assert "bench" in cli.USAGE and cli.command("bench") is bench.cmd_bench
 
 

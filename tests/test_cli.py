@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from fedlight import cli
+from fedlight.config import cli
 
 TINY = str(Path(__file__).parent / "configs" / "tiny.yaml")
 

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 FENCE = re.compile(r"^```([A-Za-z]*)([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 NOT_RUN = re.compile(r"<!--\s*not-run:\s*(.*?)\s*-->\s*$", re.S)
-BEGIN, END = "<!-- BEGIN GENERATED: fedlight.catalog.algorithm_table_markdown() -->", "<!-- END GENERATED -->"
+BEGIN, END = "<!-- BEGIN GENERATED: fedlight.config.catalog.algorithm_table_markdown() -->", "<!-- END GENERATED -->"
 RUNNABLE = ("python", "bash")
 BASH_TIMEOUT_S = 120
 
@@ -103,7 +103,7 @@ def test_links_between_docs_resolve():
 
 # ------------------------------------------------------------------------------------------------ the table
 def render_algorithm_table(current: str) -> str:
-    from fedlight.catalog import algorithm_table_markdown
+    from fedlight.config.catalog import algorithm_table_markdown
 
     head, rest = current.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
@@ -121,8 +121,7 @@ def test_algorithm_table_is_generated():
 @pytest.fixture
 def sandbox(tmp_path, monkeypatch):
     """A working folder on sys.path; registry, sys.path and modules imported from the folder restored after."""
-    from fedlight import registry
-
+    from fedlight.core import registry
     saved_registry = dict(registry._REGISTRY)
     saved_path = list(sys.path)
     before = set(sys.modules)

@@ -44,8 +44,8 @@ SERVER_LR = {"FedAdam": 0.01, "FedAdamW": 1.0}  # Appendix C, every set-up: "Fed
 
 def resolved(spec_path: Path, cell) -> object:
     """The cell's configuration as ``fedlight reproduce`` runs it (the ``fit`` parser, no instantiation)."""
-    from fedlight import flags
-    from fedlight.cli import _parser
+    from fedlight.config import flags
+    from fedlight.config.cli import _parser
 
     spec = yaml.safe_load(spec_path.read_text())
     argv = flags.resolve_names(["--config", str(reproduce.base_path(spec)), *reproduce.flags(cell.overrides)])

@@ -170,7 +170,7 @@ loop: {rounds: 2, clients_per_round: 3, local_steps: 2, lr: 0.05, progress: fals
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    from fedlight.cli import main
+    from fedlight.config.cli import main
 
     tmp = tmp_path_factory.mktemp("landscape_run")
     (tmp / "tiny.yaml").write_text(TINY)
@@ -197,7 +197,7 @@ def test_load_run_rebuilds_the_final_model(run_dir):
 def test_landscape_and_sharpness_commands(run_dir, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from fedlight.cli import main
+    from fedlight.config.cli import main
 
     assert main(["landscape", str(run_dir), "--dims", "2", "--points", "5", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
@@ -225,7 +225,7 @@ def test_landscape_and_sharpness_commands(run_dir, capsys):
 
 
 def test_command_errors(tmp_path, capsys):
-    from fedlight.cli import main
+    from fedlight.config.cli import main
 
     assert main(["landscape", str(tmp_path)]) == 2
     assert "no config.yaml" in capsys.readouterr().err
@@ -251,7 +251,7 @@ loop: {rounds: 2, clients_per_round: 2, local_steps: 2, lr: 0.05, weight_decay: 
 def test_landscape_and_sharpness_use_the_runs_task(tmp_path, capsys):
     """A regression run (the data's default task: MSE on float targets): the landscape's centre on the test split is
     the run's own final test MSE, and sharpness measures the same loss (cross-entropy could not even be evaluated)."""
-    from fedlight.cli import main
+    from fedlight.config.cli import main
     from fedlight.tasks import Regression
 
     (tmp_path / "reg.yaml").write_text(REGRESSION)

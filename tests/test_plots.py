@@ -44,7 +44,7 @@ loop: {rounds: 1, clients_per_round: 2, local_steps: 1, lr: 0.05, progress: fals
 
 
 def test_landscape_titles_name_algorithm_and_run(tmp_path):
-    from fedlight.cli import main
+    from fedlight.config.cli import main
     from fedlight.lab import landscape
 
     (tmp_path / "tiny.yaml").write_text(TINY)

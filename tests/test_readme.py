@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from fedlight import catalog
+from fedlight.config import catalog
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -24,7 +24,7 @@ def test_fabric_snippet_runs():
 
 def test_algorithm_table_is_generated():
     text = README.read_text()
-    assert catalog.readme_with_table(text) == text, "run `python -m fedlight.catalog` to refresh the README"
+    assert catalog.readme_with_table(text) == text, "run `python -m fedlight.config.catalog` to refresh the README"
 
 
 def test_fresh_machine_commands():

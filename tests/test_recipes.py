@@ -16,12 +16,12 @@ import torch
 import yaml
 from torch import nn
 
-from fedlight.args import LoopConfig
-from fedlight.cli import _parse
+from fedlight.config.cli import _parse
+from fedlight.core.loop_config import LoopConfig
+from fedlight.core.registry import _REGISTRY, list_algorithms
+from fedlight.core.rules import Algorithm
 from fedlight.data import FederatedDataModule
 from fedlight.lab import report, reproduce
-from fedlight.registry import _REGISTRY, list_algorithms
-from fedlight.rules import Algorithm
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "tables" not in p.relative_to(ROOT).parts)

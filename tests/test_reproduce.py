@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedlight.cli import main
+from fedlight.config.cli import main
 from fedlight.errors import ConfigError
 from fedlight.lab import report, reproduce
 from fedlight.run.files import rounds_to_target
@@ -206,7 +206,7 @@ def test_shrunk_reproduce_table_matches_the_runs(tmp_path, capsys, monkeypatch):
     started = []
 
     def fit_here(children, cmd, stdout, stderr, env):
-        assert cmd[1:4] == ["-m", "fedlight.cli", "fit"]
+        assert cmd[1:4] == ["-m", "fedlight.config.cli", "fit"]
         started.append(cmd)
         return main(cmd[3:])
 
@@ -250,7 +250,7 @@ def test_sigterm_to_reproduce_stops_every_run_records_it_and_leaves_no_process(t
     spec, out, ready = write_spec(tmp_path / "quick.yaml"), tmp_path / "out", tmp_path / "ready"
     args = [str(spec), "--shrink", "rounds=4,subset=256,test_subset=64,loop.local_steps=1", "--out", str(out)]
     env = {**os.environ, "FEDLIGHT_FAULT": "train@2:pause", "FEDLIGHT_FAULT_READY": str(ready)}
-    proc = subprocess.Popen([sys.executable, "-m", "fedlight.cli", "reproduce", *args, "--jobs", "2"],
+    proc = subprocess.Popen([sys.executable, "-m", "fedlight.config.cli", "reproduce", *args, "--jobs", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 300
     while not ready.exists():  # one run waits inside round 2

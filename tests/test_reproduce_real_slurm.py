@@ -16,7 +16,7 @@ import torch
 from test_reproduce import write_spec
 from test_reproduce_slurm import _table
 
-from fedlight.cli import main
+from fedlight.config.cli import main
 from fedlight.lab import jobs, reproduce
 
 pytest.importorskip("submitit")
@@ -50,7 +50,7 @@ def _args(spec, out, *extra, mem="1G"):
 
 def _cli(args, timeout=240) -> subprocess.CompletedProcess:
     """``fedlight`` in a process of its own, time-bounded (``--wait`` waits for the jobs)."""
-    return subprocess.run([sys.executable, "-m", "fedlight.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fedlight.config.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -138,7 +138,7 @@ def test_scancel_leaves_the_run_stopped_and_the_same_command_resumes_it(on_slurm
     """``scancel`` of the job of a ``--wait`` command: the command returns (it fails: the run is not finished), the
     run is "stopped" next to Slurm's CANCELLED, and the same command resubmits the run, which resumes."""
     spec, out, ready = write_spec(tmp_path / "quick.yaml"), tmp_path / "out", tmp_path / "ready"
-    command = [sys.executable, "-m", "fedlight.cli", *_args(spec, out, "--cells", "fedavg/*", "--wait")]
+    command = [sys.executable, "-m", "fedlight.config.cli", *_args(spec, out, "--cells", "fedavg/*", "--wait")]
     with monkeypatch.context() as paused:
         paused.setenv("FEDLIGHT_FAULT", "train@2:pause")
         paused.setenv("FEDLIGHT_FAULT_READY", str(ready))

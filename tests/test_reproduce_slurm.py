@@ -15,7 +15,7 @@ import time
 import pytest
 from test_reproduce import _processes_naming, write_spec
 
-from fedlight.cli import main
+from fedlight.config.cli import main
 from fedlight.errors import ConfigError
 from fedlight.lab import jobs, reproduce
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from fedlight.state import ClientStateStore
+from fedlight.engine.client_store import ClientStateStore
 
 
 def rich_state(seed: int) -> dict:

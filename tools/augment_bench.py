@@ -44,7 +44,7 @@ def sync(device: torch.device) -> None:
 
 def time_batches(data, steps: int, device: torch.device, reps: int) -> float:
     """Median milliseconds per batch of ``client_batches`` (all of one client's ``steps`` batches, materialised)."""
-    from fedlight.engine.sampling import client_generator
+    from fedlight.core.sampling import client_generator
 
     times = []
     for r in range(reps):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from fedlight.cli import main
+from fedlight.config.cli import main
 from fedlight.run import atomic
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "fedavg_mlp_fmnist_dir0.1.yaml"

@@ -106,7 +106,7 @@ def dtypes(smoke: bool, acc: str, precision: str) -> None:
 
 def lightning(smoke: bool, acc: str, precision: str) -> None:
     import fedlight
-    from fedlight.args import LoopConfig
+    from fedlight.core.loop_config import LoopConfig
     from fedlight.data import TensorClients
 
     n, size = (8, 8) if smoke else (200, 32)
@@ -133,7 +133,7 @@ def swin(smoke: bool, acc: str, precision: str) -> None:
 
     import fedlight
     from fedlight import models
-    from fedlight.args import LoopConfig
+    from fedlight.core.loop_config import LoopConfig
     from fedlight.data import CIFAR100, Dirichlet, RandAugment
 
     root = Path(tempfile.mkdtemp(prefix="gpu-paths-cifar-"))

@@ -17,7 +17,7 @@ import lightning as L
 import torch
 
 import fedlight
-from fedlight.config.args import LoopConfig
+from fedlight.core.loop_config import LoopConfig
 from fedlight.data import TensorClients
 from fedlight.engine.loop import FederatedLoop
 from fedlight.models import MLP

@@ -7,7 +7,7 @@ recipes can say ``class_path: fedlight.algorithms.FedNSAM``.
 import importlib
 import pkgutil
 
-from fedlight.registry import _REGISTRY
+from fedlight.core.registry import _REGISTRY
 
 for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_m}")

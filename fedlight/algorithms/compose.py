@@ -6,24 +6,24 @@ Client side: a local step is ``d = ∇ℓ(y + e) + Σ corrections``, then clip a
     (SCAFFOLD ``c − c_i``, FedDyn ``−∇L_i + α(y − x_r)``, FedProx ``μ(y − x_r)``).
 :class:`ComposedClient` runs that step; FedGAMMA, for instance, is ``ComposedClient(SAM, [Scaffold])``.
 
-Server side: :class:`ServerWrapper` wraps an inner :class:`~fedlight.rules.ServerRule` to add state and
+Server side: :class:`ServerWrapper` wraps an inner :class:`~fedlight.core.rules.ServerRule` to add state and
 broadcast extras (SCAFFOLD's ``c``, FedDyn's ``h``, FedLESAM's last global move), so variants such as
 FedNSAM-S are a momentum server wrapped in the SCAFFOLD server.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from fedlight import params as P
+from fedlight.core import params as P
+from fedlight.core.params import Params
+from fedlight.core.rules import Broadcast, ClientResult, LocalContext, LocalUpdateRule, RoundInfo, ServerRule
 from fedlight.errors import check
-from fedlight.params import Params
-from fedlight.rules import Broadcast, ClientResult, LocalContext, LocalUpdateRule, RoundInfo, ServerRule
 
 
 @contextmanager
@@ -194,45 +194,3 @@ def state_params(ctx: LocalContext, key: str) -> Params:
 def values(p: Params, like: Params) -> list[Tensor]:
     """``p``'s tensors in the key order of ``like``."""
     return [p[k] for k in like]
-
-
-class InRoundLR(LocalUpdateRule):
-    """Runs ``inner`` with a learning rate that changes over the local steps of a round.
-
-    Before local step ``k`` (0-based) the optimizer's lr is set to ``schedule(η_r, k, K)``; ``ctx.lr_sum`` then
-    accumulates ``Σ_k η_k`` for rules that divide by it. The round's ``η_r`` (``ctx.lr``) is left as it is.
-
-    Args:
-        inner: the client rule whose steps are rescheduled.
-        schedule: ``(η_r, k, K) -> η_k``.
-    """
-
-    def __init__(self, inner: LocalUpdateRule, schedule: Callable[[float, int, int], float]) -> None:
-        self.inner, self.schedule = inner, schedule
-        self.needs_true_grad_norm = inner.needs_true_grad_norm
-        self.stacked_unsupported = inner.stacked_unsupported
-
-    def make_optimizer(self, params, lr, default):
-        return self.inner.make_optimizer(params, lr, default)
-
-    def start(self, model, ctx):
-        self.inner.start(model, ctx)
-
-    def step(self, model, batch, ctx):
-        ctx.set_lr(self.schedule(ctx.lr, ctx.step_index, ctx.num_steps))  # η_k
-        return self.inner.step(model, batch, ctx)
-
-    def finish(self, model, ctx):
-        return self.inner.finish(model, ctx)
-
-
-def local_schedule(local: LocalUpdateRule, schedule: str, lr_of_step: Callable[[float, int, int], float]
-                   ) -> LocalUpdateRule:
-    """The client rule the loop runs under ``loop.local_lr_schedule``: ``local`` itself when ``schedule`` is
-    ``constant``, else ``local`` with the lr of local step k set to ``lr_of_step(η_r, k, K)`` (:class:`InRoundLR`).
-    A rule that already schedules its own in-round lr (FedSWA's linear decay) is refused."""
-    if schedule == "constant":
-        return local
-    check(not isinstance(local, InRoundLR), f"`loop.local_lr_schedule: {schedule}`: this rule already sets its own "
-          "lr inside the round (FedSWA/FedMoSWA's ρ); keep `loop.local_lr_schedule: constant` for it")
-    return InRoundLR(local, lr_of_step)

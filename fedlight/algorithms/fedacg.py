@@ -14,13 +14,13 @@ statistics are averaged as usual.
 
 from __future__ import annotations
 
-from fedlight import params as P
 from fedlight.algorithms.compose import ComposedClient
 from fedlight.algorithms.fedavgm import MomentumServer
 from fedlight.algorithms.fedprox import ProxCorrection
+from fedlight.core import params as P
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, Broadcast
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, Broadcast
 
 
 class LookaheadServer(MomentumServer):

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import torch
 
-from fedlight import params as P
-from fedlight.advice import Scale
+from fedlight.core import params as P
+from fedlight.core.params import Params
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, ClientResult, LocalUpdateRule, RoundInfo, ServerRule
+from fedlight.core.scale import Scale
 from fedlight.errors import check
-from fedlight.params import Params
-from fedlight.registry import register
-from fedlight.rules import Algorithm, ClientResult, LocalUpdateRule, RoundInfo, ServerRule
 
 
 class AdamServer(ServerRule):
@@ -86,7 +86,7 @@ class FedAdam(Algorithm):
             comparisons).
     """
 
-    scales = (Scale("algorithm.server_lr", paper=0.01, low=1e-4, high=0.1, attr="server.lr"),)  # fedlight.advice
+    scales = (Scale("algorithm.server_lr", paper=0.01, low=1e-4, high=0.1, attr="server.lr"),)  # fedlight.config.advice
 
     def __init__(self, server_lr: float = 0.01, beta1: float = 0.9, beta2: float = 0.99, tau: float = 0.01,
                  bias_correction: bool = False) -> None:

@@ -56,14 +56,14 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from fedlight import params as P
-from fedlight.advice import Scale
 from fedlight.algorithms.compose import released, values
 from fedlight.algorithms.fedlada import AmendedAdam
+from fedlight.core import params as P
+from fedlight.core.params import Params
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, Broadcast, ClientResult, LocalUpdateRule, RoundInfo, ServerRule
+from fedlight.core.scale import Scale
 from fedlight.errors import ConfigError, check
-from fedlight.params import Params
-from fedlight.registry import register
-from fedlight.rules import Algorithm, Broadcast, ClientResult, LocalUpdateRule, RoundInfo, ServerRule
 
 Runs = list[tuple[int, int]]
 """A tensor's blocks in flattened (row-major) order: ``(count, size)`` = ``count`` consecutive blocks of
@@ -333,7 +333,7 @@ class FedAdamW(Algorithm):
             variant 2 only).
     """
 
-    scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.advice
+    scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.config.advice
 
     def __init__(self, alpha: float = 0.5, lam: float | None = None, beta1: float | None = None,
                  beta2: float = 0.999, eps: float = 1e-8, server_lr: float = 1.0,

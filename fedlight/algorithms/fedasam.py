@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from fedlight import params as P
 from fedlight.algorithms.compose import ComposedClient
 from fedlight.algorithms.fedsam import SAMPerturbation
+from fedlight.core import params as P
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, ServerRule
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, ServerRule
 
 
 class ASAMPerturbation(SAMPerturbation):

@@ -6,9 +6,9 @@ defaults, so this file only names them.
 
 from __future__ import annotations
 
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, LocalUpdateRule, ServerRule
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, LocalUpdateRule, ServerRule
 
 
 @register("fedavg", paper="McMahan et al., AISTATS 2017", backprops=1, comm=(1, 1))

@@ -5,11 +5,11 @@ Server momentum on the averaged update: ``m ← β·m + Δ̄``; ``x ← x + η_g
 
 from __future__ import annotations
 
-from fedlight import params as P
+from fedlight.core import params as P
+from fedlight.core.params import Params
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, ClientResult, LocalUpdateRule, RoundInfo, ServerRule
 from fedlight.errors import check
-from fedlight.params import Params
-from fedlight.registry import register
-from fedlight.rules import Algorithm, ClientResult, LocalUpdateRule, RoundInfo, ServerRule
 
 
 class MomentumServer(ServerRule):

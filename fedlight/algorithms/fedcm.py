@@ -20,12 +20,12 @@ from typing import Literal
 
 import torch
 
-from fedlight import params as P
 from fedlight.algorithms.compose import ComposedClient, Correction, ServerWrapper, released, values
+from fedlight.core import params as P
+from fedlight.core.params import Params
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, ServerRule
 from fedlight.errors import check
-from fedlight.params import Params
-from fedlight.registry import register
-from fedlight.rules import Algorithm, ServerRule
 
 
 class MomentumCorrection(Correction):

@@ -34,11 +34,11 @@ from typing import Literal
 
 import torch
 
-from fedlight import params as P
 from fedlight.algorithms.compose import ServerWrapper, state_params, values
+from fedlight.core import params as P
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, LocalUpdateRule, ServerRule
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, LocalUpdateRule, ServerRule
 
 
 class ClientMomentumSGD(LocalUpdateRule):

@@ -20,9 +20,9 @@ from __future__ import annotations
 from fedlight.algorithms.compose import ComposedClient
 from fedlight.algorithms.fedsam import SAMPerturbation
 from fedlight.algorithms.scaffold import ScaffoldCorrection, ScaffoldServer
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, ServerRule
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, ServerRule
 
 
 @register("fedgamma", paper="Dai et al., IEEE TNNLS 2023", backprops=2, comm=(2, 2), stateful_clients=True)

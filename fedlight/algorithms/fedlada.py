@@ -34,13 +34,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fedlight import params as P
-from fedlight.advice import Scale
 from fedlight.algorithms.compose import released, values
+from fedlight.core import params as P
+from fedlight.core.params import Params
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, Broadcast, LocalUpdateRule, ServerRule
+from fedlight.core.scale import Scale
 from fedlight.errors import check
-from fedlight.params import Params
-from fedlight.registry import register
-from fedlight.rules import Algorithm, Broadcast, LocalUpdateRule, ServerRule
 
 
 class AmendedAdam(torch.optim.Optimizer):
@@ -194,7 +194,7 @@ class FedLADA(Algorithm):
             bias-corrected Adam, as the released code's first round).
     """
 
-    scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.advice
+    scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.config.advice
 
     def __init__(self, gamma: float = 0.9, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
                  first_round: Literal["paper", "released"] = "paper") -> None:

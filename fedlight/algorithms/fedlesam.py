@@ -19,13 +19,13 @@ x_{r−1} would not need it, but clients here are stateless for FedLESAM, so it 
 
 from __future__ import annotations
 
-from fedlight import params as P
 from fedlight.algorithms.compose import ComposedClient, Perturbation, ServerWrapper
 from fedlight.algorithms.feddyn import DynCorrection, DynServer
 from fedlight.algorithms.scaffold import ScaffoldCorrection, ScaffoldServer
+from fedlight.core import params as P
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, ServerRule
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, ServerRule
 
 
 class GlobalMoveServer(ServerWrapper):

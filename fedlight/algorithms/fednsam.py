@@ -28,15 +28,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fedlight import params as P
 from fedlight.algorithms.compose import ComposedClient, Perturbation
 from fedlight.algorithms.fedavgm import MomentumServer
 from fedlight.algorithms.feddyn import DynCorrection, DynServer
 from fedlight.algorithms.fedsam import SAMPerturbation
 from fedlight.algorithms.scaffold import ScaffoldCorrection, ScaffoldServer
+from fedlight.core import params as P
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, Broadcast
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, Broadcast
 
 
 class NesterovPerturbation(Perturbation):

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from fedlight.algorithms.compose import ComposedClient, Correction, values
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, ServerRule
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, ServerRule
 
 
 class ProxCorrection(Correction):

@@ -11,11 +11,11 @@ Refuses ``16-mixed`` precision: loss scaling corrupts ‖g‖.
 
 from __future__ import annotations
 
-from fedlight import params as P
 from fedlight.algorithms.compose import ComposedClient, Perturbation
+from fedlight.core import params as P
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, ServerRule
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, ServerRule
 
 
 class SAMPerturbation(Perturbation):

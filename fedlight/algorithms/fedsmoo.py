@@ -22,13 +22,13 @@ Released-code differences: ``docs/algorithms.md`` (Baselines).
 
 from __future__ import annotations
 
-from fedlight import params as P
 from fedlight.algorithms.compose import ComposedClient, Correction, ServerWrapper, state_params
 from fedlight.algorithms.feddyn import DynCorrection, DynServer
 from fedlight.algorithms.fedsam import SAMPerturbation
+from fedlight.core import params as P
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, ServerRule
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, ServerRule
 
 
 class SMOOPerturbation(SAMPerturbation):

@@ -20,9 +20,9 @@ from __future__ import annotations
 from fedlight.algorithms.compose import ComposedClient
 from fedlight.algorithms.feddyn import DynCorrection, DynServer
 from fedlight.algorithms.fedsam import SAMPerturbation
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, ServerRule
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, ServerRule
 
 
 @register("fedspeed", paper="Sun et al., ICLR 2023", backprops=2, comm=(1, 1), stateful_clients=True)

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fedlight import params as P
-from fedlight.algorithms.compose import ComposedClient, InRoundLR, ServerWrapper, released
+from fedlight.algorithms.compose import ComposedClient, ServerWrapper, released
 from fedlight.algorithms.scaffold import ScaffoldCorrection
+from fedlight.core import params as P
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, LocalUpdateRule, ServerRule
+from fedlight.core.schedule import InRoundLR
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, LocalUpdateRule, ServerRule
 
 
 def in_round_lr(lr: float, k: int, K: int, rho: float) -> float:

@@ -30,13 +30,13 @@ from typing import Literal
 
 import torch
 
-from fedlight import params as P
 from fedlight.algorithms.compose import ComposedClient, Perturbation, ServerWrapper, state_params
 from fedlight.algorithms.fedcm import MomentumCorrection, PseudoGradientServer
 from fedlight.algorithms.scaffold import ScaffoldCorrection, ScaffoldServer
+from fedlight.core import params as P
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, ServerRule
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, ServerRule
 
 ALPHA_MIN, ALPHA_MAX = 0.1, 0.9  # clip range of α̂ (eq. 4)
 

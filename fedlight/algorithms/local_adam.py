@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from fedlight.advice import Scale
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, LocalUpdateRule, ServerRule
+from fedlight.core.scale import Scale
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, LocalUpdateRule, ServerRule
 
 
 class AdamClient(LocalUpdateRule):
@@ -68,7 +68,7 @@ class LocalAdam(Algorithm):
         server_lr: η_g.
     """
 
-    scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.advice
+    scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.config.advice
 
     def __init__(self, weight_decay: float = 0.01, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
                  server_lr: float = 1.0) -> None:
@@ -92,7 +92,7 @@ class LocalAdamW(Algorithm):
         server_lr: η_g.
     """
 
-    scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.advice
+    scales = (Scale("loop.lr", paper=3e-4, low=1e-6, high=1e-2),)  # Adam-scale lr: fedlight.config.advice
 
     def __init__(self, weight_decay: float = 0.01, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
                  server_lr: float = 1.0) -> None:

@@ -15,9 +15,9 @@ from __future__ import annotations
 from fedlight.algorithms.compose import ComposedClient
 from fedlight.algorithms.fedcm import MomentumCorrection, PseudoGradientServer, check_alpha
 from fedlight.algorithms.fedsam import SAMPerturbation
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, ServerRule
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, ServerRule
 
 
 @register("mofedsam", paper="Qu et al., ICML 2022", backprops=2, comm=(2, 1))

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from fedlight import params as P
 from fedlight.algorithms.compose import ComposedClient, Correction, ServerWrapper, state_params, values
+from fedlight.core import params as P
+from fedlight.core.registry import register
+from fedlight.core.rules import Algorithm, ServerRule
 from fedlight.errors import check
-from fedlight.registry import register
-from fedlight.rules import Algorithm, ServerRule
 
 
 class ScaffoldCorrection(Correction):

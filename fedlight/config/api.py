@@ -22,9 +22,9 @@ from fedlight.config import launch
 from fedlight.config import resume as resumes
 from fedlight.config import settings as recorded
 from fedlight.config.advice import check_scales
-from fedlight.config.args import LoopConfig
-from fedlight.config.spec import build, describe
+from fedlight.core.loop_config import LoopConfig
 from fedlight.core.rules import Algorithm
+from fedlight.core.spec import build, describe
 from fedlight.data import FederatedDataModule, as_federated
 from fedlight.data.augment import adopt_preprocessing
 from fedlight.engine.driver import FitDriver
@@ -141,7 +141,7 @@ def fit(
         agreed = True
         return summary
     except Exception as e:  # the user's own code (a LightningModule's hook) raised mid-run: its frames, what is kept
-        from fedlight.tasks.lightning_errors import user_code_error
+        from fedlight.tasks.lightning.errors import user_code_error
 
         if refused or (mine := user_code_error(e, record)) is None:
             raise
@@ -271,7 +271,7 @@ def _check_targets(task, loop) -> None:
 
 def _local_optimizer(fabric, model, task, algorithm, loop, data=None):
     """The task's own local optimization (a LightningModule's ``configure_optimizers``, schedulers and clip: see
-    :mod:`fedlight.tasks.lightning_optim`), else ``loop.optimizer``: ``(loop, optimizer factory, algorithm)``."""
+    :mod:`fedlight.tasks.lightning.optim`), else ``loop.optimizer``: ``(loop, optimizer factory, algorithm)``."""
     own = getattr(task, "local_optimization", None)
     return own(fabric, model, algorithm, loop, data) if own is not None else (loop, None, algorithm)
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 
-from fedlight.config.args import LoopConfig
-from fedlight.config.spec import describe
+from fedlight.core.loop_config import LoopConfig
 from fedlight.core.rules import LocalUpdateRule
+from fedlight.core.spec import describe
 
 
 def recipe_text(model, data, algorithm, task, loop, seed, precision=None, model_spec=None) -> str:

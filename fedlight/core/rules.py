@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlight.config.spec import remember_init_args
 from fedlight.core import params as P
 from fedlight.core import precision as precisions
 from fedlight.core.params import Params
+from fedlight.core.spec import remember_init_args
 
 
 @dataclass

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlight.config.spec import remember_init_args
+from fedlight.core.spec import remember_init_args
 from fedlight.data.augment import CropFlip, resize
 from fedlight.data.partition import IID, Partitioner, partition_cached
 from fedlight.errors import ConfigError, DataNotFoundError

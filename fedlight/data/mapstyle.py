@@ -207,7 +207,7 @@ class DataModuleClients(DatasetClients):
         return self.train, None
 
     def _test_loader(self) -> Any:
-        from fedlight.tasks.lightning_compat import misconfiguration_errors
+        from fedlight.tasks.lightning.compat import misconfiguration_errors
 
         dm = self.datamodule
         for stage, name in (("test", "test_dataloader"), ("validate", "val_dataloader")):
@@ -229,7 +229,7 @@ def _built(spec: Any) -> Any:
     if hasattr(spec, "as_dict"):
         spec = spec.as_dict()
     if isinstance(spec, (dict, str)):
-        from fedlight.config.spec import build
+        from fedlight.core.spec import build
 
         return build(spec)
     return spec
@@ -240,7 +240,7 @@ def as_federated(data: Any) -> FederatedDataModule:
     with its defaults (printed, so the user knows how to choose)."""
     if isinstance(data, FederatedDataModule):
         return data
-    from fedlight.tasks.lightning_compat import is_lightning_datamodule
+    from fedlight.tasks.lightning.compat import is_lightning_datamodule
 
     if is_lightning_datamodule(data):
         wrapped = DataModuleClients(data)

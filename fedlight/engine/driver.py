@@ -1,7 +1,8 @@
 """FitDriver: the run from round to round — probe, evaluate, stop, checkpoint, resume, finish — around
 :meth:`FederatedLoop.run_round <fedlight.engine.loop.FederatedLoop.run_round>`.
 
-Composition, not inheritance: the driver holds the loop (which advances the :class:`~fedlight.engine.state.LoopState`
+Composition, not inheritance: the driver holds the loop (which advances the
+:class:`~fedlight.engine.loop_state.LoopState`
 one round) and the :class:`~fedlight.run.record.RunRecord` (which owns every file of the run directory). It
 decides when to evaluate and to checkpoint and hands the record rows and state snapshots; a resume is checked once
 (:meth:`FitDriver.resume`) and restores the state the checkpoint holds.
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from fedlight.engine.loop import Diverged, FederatedLoop
-from fedlight.engine.state import resume_problems
+from fedlight.engine.loop_state import resume_problems
 from fedlight.errors import ConfigError
 from fedlight.run import stops
 from fedlight.run.files import fault, rss_mb, summarize

@@ -1,6 +1,6 @@
 """FederatedLoop: one round of federated training, everything that is engineering, not math.
 
-It advances a :class:`~fedlight.engine.state.LoopState` (global model, server state, client states, totals, rounds
+It advances a :class:`~fedlight.engine.loop_state.LoopState` (global model, server state, client states, totals, rounds
 done) by one round: plan (sampling, dropout, which rank trains whom), train the clients through a client runner,
 share across ranks, reduce, ``server.update``. It owns Fabric, devices, precision, seeds, the local optimizer and
 its schedule, and never special-cases an algorithm: it calls the rule contract of :mod:`fedlight.core.rules`.
@@ -21,17 +21,17 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedlight.algorithms.compose import local_schedule
-from fedlight.config.args import LoopConfig
 from fedlight.core import params as P
+from fedlight.core.loop_config import LoopConfig
 from fedlight.core.params import Params
 from fedlight.core.rules import Algorithm, ClientResult, RoundInfo
+from fedlight.core.sampling import assign_clients, client_fails, client_generator, sample_clients
 from fedlight.engine.aggregate import Accumulator, Reduced
 from fedlight.engine.client_store import ClientStateStore
-from fedlight.engine.sampling import assign_clients, client_fails, client_generator, sample_clients
-from fedlight.engine.state import LoopState
+from fedlight.engine.local_schedule import local_schedule
+from fedlight.engine.loop_state import LoopState
+from fedlight.engine.round_row import RoundRow, client_entries
 from fedlight.run.files import fault, to_device
-from fedlight.run.round_row import RoundRow, client_entries
 from fedlight.runners import ClientJob, TrainSetup, select_runner
 from fedlight.runners.base import OptimizerFactory
 from fedlight.tasks import Task

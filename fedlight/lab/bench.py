@@ -105,7 +105,7 @@ class MinimalFedAvg:
         self.clients = [(x.to(device), y.to(device)) for x, y in clients]
 
     def round(self, r: int) -> torch.Tensor:
-        from fedlight.engine.sampling import client_generator
+        from fedlight.core.sampling import client_generator
 
         w, dev = self.w, self.device
         acc = [torch.zeros_like(p) for p in self.params]
@@ -278,8 +278,8 @@ def many_clients(num_clients: int = 10_000, budget_mb: float = 512.0, rounds: in
     memory and spills the rest. Compares the same rounds against an in-memory store holding only the states the
     measured rounds touch (same compute, no spill)."""
     from fedlight.core import params as P
+    from fedlight.core.sampling import sample_clients
     from fedlight.engine.client_store import ClientStateStore
-    from fedlight.engine.sampling import sample_clients
     from fedlight.run.files import atomic_torch_save
 
     w = Workload("mlp", clients=num_clients, steps=samples, batch=samples)

@@ -5,7 +5,8 @@
 of the work (config, data decode and partition, model) to the end of the last round; both load the same libraries
 (torch, Lightning, fedlight) before the clock starts, so imports are excluded alike:
 
-* **fit**: ``fedlight.cli.main(["fit", "--config", <recipe with shortened rounds>, ...])``: everything a user gets
+* **fit**:
+  ``fedlight.config.cli.main(["fit", "--config", <recipe with shortened rounds>, ...])``: everything a user gets
   (Fabric, run directory and lock, config.yaml, metrics.jsonl, TensorBoard with per-client histograms, a checkpoint
   every round written by the background thread, summary.json, final_model.pt).
 * **minimal**: the same recipe's data module, model and seeds, then a hand-written FedAvg loop: per round the same
@@ -72,7 +73,7 @@ def side_minimal(config: Path, out: Path) -> dict[str, Any]:
     import torch
     import yaml
 
-    from fedlight.config.spec import build
+    from fedlight.core.spec import build
 
     cfg = yaml.safe_load(config.read_text())
     loop, seed = cfg["loop"], cfg.get("seed", 0)
@@ -93,7 +94,7 @@ def _round(model, params, x, data, loop: dict, seed: int, r: int) -> None:
     import torch
     import torch.nn.functional as F
 
-    from fedlight.engine.sampling import client_generator, sample_clients
+    from fedlight.core.sampling import client_generator, sample_clients
 
     lr = loop["lr"] * loop.get("lr_schedule", {}).get("decay", 1.0) ** r \
         if loop.get("lr_schedule", {}).get("kind") == "exponential" else loop["lr"]
@@ -155,7 +156,7 @@ def _import_libraries() -> None:
 
     import fedlight.config.api  # noqa: F401
     import fedlight.config.cli  # noqa: F401
-    import fedlight.config.spec  # noqa: F401
+    import fedlight.core.spec  # noqa: F401
     import fedlight.data  # noqa: F401
     import fedlight.engine.loop  # noqa: F401
     import fedlight.models  # noqa: F401

@@ -17,7 +17,7 @@ A *table spec* (``recipes/tables/*.yaml``) names a base recipe, a grid of overri
 
 Overrides are ``fedlight fit`` flags without the dashes (``loop.rounds: 2`` → ``--loop.rounds 2``). A column
 may also carry ``metric:``; columns without overrides share one set of runs (e.g. rounds to 70 % and to 72 %).
-Cell ``row/col`` runs, for seed k, as the subprocess ``python -m fedlight.cli fit --config BASE <overrides>
+Cell ``row/col`` runs, for seed k, as the subprocess ``python -m fedlight.config.cli fit --config BASE <overrides>
 --seed k --out_dir OUT/<row>/<col>/seed<k> --resume auto``: ``--jobs`` is process parallelism, finished runs
 are skipped, interrupted ones resume, and ``reproduce.json`` keeps another command from reusing a run folder.
 Accuracies are in %, like the papers' tables.
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedlight.cli import recipes_dir
+from fedlight.config.cli import recipes_dir
 from fedlight.errors import ConfigError, check
 from fedlight.lab import report as rep
 from fedlight.lab.jobs import Children
@@ -129,7 +129,7 @@ def task_metrics(recipe: Path) -> tuple[str, ...] | None:
     only a run can tell (a LightningModule's own test_step)."""
     import yaml
 
-    from fedlight.spec import build
+    from fedlight.core.spec import build
 
     cfg = yaml.safe_load(recipe.read_text()) or {}
     try:
@@ -147,7 +147,7 @@ def _is_lightning_module(path: str | None) -> bool:
 
     if not path or "." not in path:
         return False
-    from fedlight.tasks.lightning_compat import _classes
+    from fedlight.tasks.lightning.compat import _classes
 
     module, _, name = path.rpartition(".")
     cls = getattr(importlib.import_module(module), name, None)
@@ -291,7 +291,7 @@ def run_one(run: Run, env: dict, call=None, mark: bool = True) -> str:
     if mark:
         jobs.mark(run.path, state="running", pid=os.getpid(), host=jobs.host())
     with open(run.path / "fit.log", "a") as log:
-        rc = (call or subprocess.call)([sys.executable, "-m", "fedlight.cli", *run.argv], stdout=log, stderr=log,
+        rc = (call or subprocess.call)([sys.executable, "-m", "fedlight.config.cli", *run.argv], stdout=log, stderr=log,
                                        env=env)
     status = outcome(run, rc) if rc is not None else "stopped"
     if mark:

@@ -79,7 +79,7 @@ def fedlight_loop(model: nn.Module, clients, w: Workload, accelerator: str = "cp
     import lightning as L
 
     import fedlight
-    from fedlight.config.args import LoopConfig
+    from fedlight.core.loop_config import LoopConfig
     from fedlight.data import TensorClients
     from fedlight.engine.loop import FederatedLoop
 

@@ -4,7 +4,7 @@ Where the weights come from (``name``): a local directory saved with ``save_pret
 as ``roberta-base`` (downloaded when online, else read from the local Hugging Face cache), or nothing — then
 ``config`` (a dict with ``model_type``) builds a randomly initialised model (tests, GPT-2 from scratch).
 
-Only parameters with ``requires_grad`` are federated (``fedlight.params.trainable``): with LoRA the backbone is
+Only parameters with ``requires_grad`` are federated (``fedlight.core.params.trainable``): with LoRA the backbone is
 frozen, so broadcasts, uploads, per-client state and the byte counts are the adapters plus the task head.
 
 On the ``meta`` device (shape-only instantiation: the recipe tests) nothing is downloaded or read: a Hub name that is
@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fedlight.core.params import in_stacked
 from fedlight.errors import ConfigError, check
 from fedlight.models import hub
 from fedlight.models.adapters import LoRA, apply_lora
-from fedlight.params import in_stacked
 
 ARCHITECTURES: dict[str, dict[str, Any]] = {
     "roberta-base": {"model_type": "roberta", "vocab_size": 50265, "hidden_size": 768, "num_hidden_layers": 12,

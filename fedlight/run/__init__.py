@@ -9,7 +9,7 @@
 * :mod:`~fedlight.run.summary` — ``summary.json``: rounds to target, seconds per round, versions;
 * :mod:`~fedlight.run.faults` — fault injection for the kill-, signal- and disk-safety tests;
 * :mod:`~fedlight.run.verify` — ``fedlight verify RUN_DIR``;
-* :mod:`~fedlight.run.round_row` — :class:`RoundRow`, what one round reports;
+* :mod:`~fedlight.engine.round_row` — :class:`RoundRow`, what one round reports;
 * :mod:`~fedlight.run.console` — progress bar or lines and warnings;
 * :mod:`~fedlight.run.tensorboard` — TensorBoard scalars, histograms, config and hparams.
 * :mod:`~fedlight.run.stops` — clean stops on SIGTERM/SIGINT/SIGUSR1 and on failed writes, and the exit

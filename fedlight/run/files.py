@@ -63,7 +63,7 @@ def cpu_copy(obj: Any) -> Any:
 
 def to_device(obj: Any, device) -> Any:
     """``obj`` with every tensor moved to ``device`` (dicts, lists, tuples and dataclasses such as
-    :class:`~fedlight.rules.ClientResult`, recursively)."""
+    :class:`~fedlight.core.rules.ClientResult`, recursively)."""
     return _map_tensors(obj, lambda t: t.to(device))
 
 

@@ -2,7 +2,8 @@
 
 A cluster stops jobs from outside: Slurm sends ``SIGTERM`` on preemption and at the time limit, submitit forwards
 ``SIGUSR1`` to a cell it requeues, a user presses Ctrl-C (``SIGINT``). While :func:`stop_signals` is active (the
-rounds of :meth:`~fedlight.fitting.FitDriver.fit`), such a signal only raises a flag; the loop looks at it after each
+rounds of
+:meth:`~fedlight.engine.driver.FitDriver.fit`), such a signal only raises a flag; the loop looks at it after each
 round, writes the checkpoint of that round if it is not on disk yet (it may not be due under ``loop.save_every``),
 waits until every checkpoint and ``metrics.jsonl`` line is renamed or appended, and raises :class:`Stopped`. A second
 Ctrl-C stops at once, as before (rounds up to the last checkpoint are kept).

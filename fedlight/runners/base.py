@@ -15,10 +15,10 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from fedlight import params as P
-from fedlight.args import COMPILE_MODES
-from fedlight.params import Params
-from fedlight.rules import Broadcast, ClientResult, LocalContext, LocalUpdateRule, RoundInfo
+from fedlight.core import params as P
+from fedlight.core.loop_config import COMPILE_MODES
+from fedlight.core.params import Params
+from fedlight.core.rules import Broadcast, ClientResult, LocalContext, LocalUpdateRule, RoundInfo
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 """``factory(params, lr=η)`` → the loop's local optimizer (class, weight decay and extra arguments bound)."""

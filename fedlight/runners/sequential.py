@@ -6,12 +6,12 @@ from collections.abc import Generator, Iterator
 
 import torch
 
-from fedlight import params as P
-from fedlight.params import Params
-from fedlight.rules import RoundInfo
+from fedlight.core import params as P
+from fedlight.core.params import Params
+from fedlight.core.rules import RoundInfo
+from fedlight.core.sampling import seed_client_torch
 from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, context, outcome
 from fedlight.runners.guard import out_of_memory
-from fedlight.sampling import seed_client_torch
 
 
 class SequentialRunner:

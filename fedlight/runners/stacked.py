@@ -3,8 +3,8 @@
 Each parameter, BatchNorm buffer, broadcast vector, per-client state and batch gets a leading client
 dimension ``C``. The forward pass is ``torch.func.vmap`` of ``functional_call`` over that dimension, so one
 kernel serves C clients; the backward of ``Σ_c ℓ_c(y_c)`` leaves every client's own gradient in its slice
-(clients share no parameter). The rule's code runs unchanged inside :func:`fedlight.params.stacked`, where the
-helpers of :mod:`fedlight.params` reduce per client; elementwise optimizers (SGD, Adam, AdamW) act per client
+(clients share no parameter). The rule's code runs unchanged inside :func:`fedlight.core.params.stacked`, where the
+helpers of :mod:`fedlight.core.params` reduce per client; elementwise optimizers (SGD, Adam, AdamW) act per client
 by construction.
 
 Which clients go together: those with the same number of local steps and batch sizes (so their batches stack)
@@ -32,11 +32,12 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.nn.utils.stateless import _reparametrize_module
 
-from fedlight import params as P
-from fedlight import precision as precisions
+from fedlight.core import params as P
+from fedlight.core import precision as precisions
+from fedlight.core.params import Params
+from fedlight.core.rules import Broadcast, ClientResult, LocalContext, LocalUpdateRule, RoundInfo
+from fedlight.core.sampling import seed_client_torch
 from fedlight.errors import ConfigError
-from fedlight.params import Params
-from fedlight.rules import Broadcast, ClientResult, LocalContext, LocalUpdateRule, RoundInfo
 from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, compile_kwargs, context, outcome
 from fedlight.runners.guard import (
     auto_chunk,
@@ -49,7 +50,6 @@ from fedlight.runners.guard import (
     tree_bytes,
 )
 from fedlight.runners.sequential import SequentialRunner
-from fedlight.sampling import seed_client_torch
 
 
 def check_supported(local: LocalUpdateRule, name: str) -> None:
@@ -146,7 +146,7 @@ def _float32_inputs(modules: list[nn.Module]):
 
 @dataclass(eq=False)
 class StackedContext(LocalContext):
-    """A :class:`~fedlight.rules.LocalContext` whose tensors carry a leading client dimension."""
+    """A :class:`~fedlight.core.rules.LocalContext` whose tensors carry a leading client dimension."""
 
     buffers: Params = field(default_factory=dict)
     """Stacked floating-point buffers (BatchNorm running statistics), one slice per client."""

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from fedlight.params import Params
-from fedlight.rules import RoundInfo
+from fedlight.core.params import Params
+from fedlight.core.rules import RoundInfo
 from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, compile_kwargs
 from fedlight.runners.guard import out_of_memory
 from fedlight.runners.sequential import SequentialRunner

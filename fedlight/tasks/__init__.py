@@ -14,7 +14,7 @@ from typing import Any
 from fedlight.tasks.base import Task
 from fedlight.tasks.classification import Classification
 from fedlight.tasks.language import LanguageModeling
-from fedlight.tasks.lightning import LightningTask, is_lightning_module
+from fedlight.tasks.lightning.task import LightningTask, is_lightning_module
 from fedlight.tasks.regression import Regression
 from fedlight.tasks.text import TextClassification
 

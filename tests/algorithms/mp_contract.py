@@ -15,9 +15,9 @@ import torch  # noqa: E402
 from fedtest import image_clients, tiny_cnn  # noqa: E402
 
 import fedlight  # noqa: E402
-from fedlight.args import LoopConfig  # noqa: E402
+from fedlight.core.loop_config import LoopConfig  # noqa: E402
 from fedlight.data import TensorClients  # noqa: E402
-from fedlight.loop import FederatedLoop  # noqa: E402
+from fedlight.engine.loop import FederatedLoop  # noqa: E402
 
 
 def create(name: str):

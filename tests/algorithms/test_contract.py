@@ -10,9 +10,9 @@ import torch
 from fedtest import contract_loop, resume, save_checkpoint
 
 import fedlight
-from fedlight import params as P
-from fedlight.args import LoopConfig
-from fedlight.registry import get_algorithm
+from fedlight.core import params as P
+from fedlight.core.loop_config import LoopConfig
+from fedlight.core.registry import get_algorithm
 
 ALGOS = fedlight.list_algorithms()
 
@@ -130,7 +130,7 @@ def test_two_backprop_rules_update_batchnorm_once_per_step(name):
 
     from fedtest import image_clients, tiny_cnn
 
-    from fedlight.rules import Broadcast, LocalContext, cross_entropy
+    from fedlight.core.rules import Broadcast, LocalContext, cross_entropy
 
     model = tiny_cnn()
     ref = copy.deepcopy(model).train()

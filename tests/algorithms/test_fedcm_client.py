@@ -11,10 +11,10 @@ from fedtest import assert_params_close, grad, lin, linear_model, make_loop, nor
 from torch import nn
 
 import fedlight
-from fedlight import params as P
+from fedlight.core import params as P
+from fedlight.core.rules import Broadcast, LocalContext
+from fedlight.core.sampling import sample_clients
 from fedlight.errors import ConfigError
-from fedlight.rules import Broadcast, LocalContext
-from fedlight.sampling import sample_clients
 
 LR = 0.1
 

@@ -27,8 +27,8 @@ from torch import nn
 
 import fedlight
 from fedlight.algorithms.fedadamw import hessian_partition, make_partition, num_blocks
+from fedlight.core.sampling import sample_clients
 from fedlight.errors import ConfigError
-from fedlight.sampling import sample_clients
 
 K, LR, R = 3, 0.05, 2
 
@@ -376,7 +376,7 @@ def test_validation(name, kw, arg):
 
 
 def test_registry():
-    specs = {n: fedlight.registry.get_algorithm(n) for n in ("fedadam", "local_adam", "local_adamw", "fedlada",
+    specs = {n: fedlight.core.registry.get_algorithm(n) for n in ("fedadam", "local_adam", "local_adamw", "fedlada",
                                                             "fedadamw")}
     assert {n: s.comm for n, s in specs.items()} == {"fedadam": (1, 1), "local_adam": (1, 1),
                                                       "local_adamw": (1, 1), "fedlada": (3, 2), "fedadamw": (2, 1)}

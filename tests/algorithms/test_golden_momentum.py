@@ -9,9 +9,9 @@ import pytest
 from fedtest import assert_params_close, grad, lin, linear_model, make_loop, mean, norm, problem, run_rounds
 
 import fedlight
+from fedlight.core.registry import get_algorithm
+from fedlight.core.sampling import sample_clients
 from fedlight.errors import ConfigError
-from fedlight.registry import get_algorithm
-from fedlight.sampling import sample_clients
 
 K, LR, R = 2, 0.1, 2
 
@@ -259,7 +259,7 @@ def test_fedwmsam_paper_offset_ascends_the_global_loss():
 def test_fedwmsam_refuses_fp16(tmp_path):
     from fedtest import image_clients
 
-    from fedlight.args import LoopConfig
+    from fedlight.core.loop_config import LoopConfig
     from fedlight.data import TensorClients
     from fedlight.models import MLP
 

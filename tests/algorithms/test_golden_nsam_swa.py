@@ -9,9 +9,9 @@ import torch
 from fedtest import assert_params_close, grad, lin, linear_model, make_loop, mean, norm, problem, run_rounds, sub, zeros
 
 import fedlight
+from fedlight.core.registry import get_algorithm
+from fedlight.core.sampling import sample_clients
 from fedlight.errors import ConfigError
-from fedlight.registry import get_algorithm
-from fedlight.sampling import sample_clients
 
 K, LR, R = 2, 0.1, 2
 SEED = 1  # partial participation (2 of 3): S_0 = {0, 1}, S_1 = {0, 2}, so client 1 sits out round 1

@@ -12,9 +12,9 @@ import pytest
 from fedtest import assert_params_close, grad, lin, linear_model, make_loop, mean, norm, problem, run_rounds, zeros
 
 import fedlight
+from fedlight.core.registry import get_algorithm
+from fedlight.core.sampling import sample_clients
 from fedlight.errors import ConfigError
-from fedlight.registry import get_algorithm
-from fedlight.sampling import sample_clients
 
 K, LR, R = 2, 0.1, 2
 N, S_SIZE, SEED = 3, 2, 1  # partial participation: seed 1 samples {0, 1} then {0, 2}

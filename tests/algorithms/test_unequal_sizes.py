@@ -12,7 +12,7 @@ import pytest
 from fedtest import C, D, assert_params_close, grad, lin, linear_model, make_loop, norm, run_rounds
 
 import fedlight
-from fedlight.sampling import sample_clients
+from fedlight.core.sampling import sample_clients
 
 SIZES = (5, 8, 12, 12)
 K, LR = 2, 0.1

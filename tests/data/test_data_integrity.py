@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 import fedlight
-from fedlight.args import LoopConfig
+from fedlight.core.loop_config import LoopConfig
 from fedlight.data import FashionMNIST, ImageFolder, TensorClients
 from fedlight.data.cache import cached_decode
 from fedlight.errors import ConfigError

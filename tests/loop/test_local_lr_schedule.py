@@ -11,11 +11,11 @@ from fedtest import linear_model, make_loop, problem, run_rounds
 
 import fedlight
 from fedlight.algorithms import FedAdamW
-from fedlight.algorithms.compose import InRoundLR
-from fedlight.args import LoopConfig
+from fedlight.core.loop_config import LoopConfig
+from fedlight.core.rules import LocalContext
+from fedlight.core.schedule import InRoundLR
+from fedlight.core.spec import build
 from fedlight.errors import ConfigError
-from fedlight.rules import LocalContext
-from fedlight.spec import build
 
 ROOT = Path(__file__).resolve().parents[2]
 K, LR = 5, 0.05

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fedlight.args import LoopConfig
+from fedlight.core.loop_config import LoopConfig
 from fedlight.errors import ConfigError
 
 

@@ -13,9 +13,9 @@ from fedtest import image_clients, make_loop, tiny_cnn
 from torch import nn
 
 import fedlight
-from fedlight.args import LoopConfig
+from fedlight.core.loop_config import LoopConfig
+from fedlight.core.sampling import client_generator, sample_clients
 from fedlight.data import TensorClients
-from fedlight.sampling import client_generator, sample_clients
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 
@@ -122,7 +122,8 @@ def test_one_vs_two_processes_cli(tmp_path):
     finals = {}
     for n in (1, 2):
         out = tmp_path / f"d{n}"
-        res = subprocess.run([sys.executable, "-m", "fedlight.cli", "fit", "--config", str(CONFIGS / "tiny.yaml"),
+        res = subprocess.run([sys.executable, "-m", "fedlight.config.cli", "fit", "--config",
+                              str(CONFIGS / "tiny.yaml"),
                               "--devices", str(n), "--accelerator", "cpu", "--out_dir", str(out)],
                              capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-3000:]

@@ -10,9 +10,9 @@ from test_runner_stacked import _close, _frozen_cnn
 from torch import nn
 
 import fedlight
-from fedlight import params as P
-from fedlight.args import LoopConfig
-from fedlight.rules import LocalUpdateRule
+from fedlight.core import params as P
+from fedlight.core.loop_config import LoopConfig
+from fedlight.core.rules import LocalUpdateRule
 from fedlight.runners import SequentialRunner, StackedRunner, StreamsRunner, TrainSetup, choice, nhwc, select_runner
 from fedlight.runners.nhwc import ChannelsLastStackedRunner, stacked_conv2d
 
@@ -89,7 +89,7 @@ def _cuda_loop(mode: str, **kw):
     import lightning as L
 
     from fedlight.data import TensorClients
-    from fedlight.loop import FederatedLoop
+    from fedlight.engine.loop import FederatedLoop
 
     fabric = L.Fabric(accelerator="cuda", devices=1, precision="32-true")
     data = TensorClients(image_clients(), batch_size=4)

@@ -6,8 +6,8 @@ import torch
 from fedtest import contract_loop, image_clients, make_loop, tiny_cnn
 
 import fedlight
-from fedlight import params as P
-from fedlight.args import LoopConfig
+from fedlight.core import params as P
+from fedlight.core.loop_config import LoopConfig
 from fedlight.errors import ConfigError
 from fedlight.runners import guard
 from fedlight.runners.stacked import StackedForward
@@ -125,7 +125,7 @@ def test_auto_chunk_rule():
 def test_auto_chunk_measures_the_footprint(monkeypatch):
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
     x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 3, (8,))
-    from fedlight.rules import cross_entropy
+    from fedlight.core.rules import cross_entropy
 
     act = guard.activation_bytes(model, (x, y), cross_entropy)
     # saved for backward: the flattened input 8×64, the first layer's output 8×32 (kept by ReLU), the ReLU
@@ -190,8 +190,7 @@ def test_fit_without_a_cxx_compiler_falls_back_and_records_it(tmp_path):
 def test_cli_refuses_a_bogus_compile_value_with_exit_2(tmp_path, capsys):
     from pathlib import Path
 
-    from fedlight import cli
-
+    from fedlight.config import cli
     tiny = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
     assert cli.main(["fit", "--config", tiny, "--loop.compile", "bogus", "--out_dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
@@ -204,8 +203,7 @@ def test_cli_refuses_a_bad_vmap_chunk_with_the_valid_values(tmp_path, capsys, va
     """Was jsonargparse's `Parser key "loop.vmap_chunk": Given value: bogus`, naming no valid value."""
     from pathlib import Path
 
-    from fedlight import cli
-
+    from fedlight.config import cli
     tiny = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
     assert cli.main(["fit", "--config", tiny, "--loop.vmap_chunk", value, "--out_dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err

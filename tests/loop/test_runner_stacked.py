@@ -19,10 +19,10 @@ import torch
 from fedtest import contract_loop, image_clients, make_loop, tiny_cnn
 
 import fedlight
-from fedlight import params as P
-from fedlight.args import LoopConfig
+from fedlight.core import params as P
+from fedlight.core.loop_config import LoopConfig
+from fedlight.core.rules import Algorithm, LocalUpdateRule
 from fedlight.errors import ConfigError
-from fedlight.rules import Algorithm, LocalUpdateRule
 
 ALGOS = fedlight.list_algorithms()
 

@@ -8,9 +8,9 @@ from fedtest import contract_loop, grad, image_clients, linear_model, make_loop,
 from torch import nn
 
 import fedlight
-from fedlight import params as P
-from fedlight.args import LoopConfig
-from fedlight.rules import LocalUpdateRule
+from fedlight.core import params as P
+from fedlight.core.loop_config import LoopConfig
+from fedlight.core.rules import LocalUpdateRule
 from fedlight.runners import SequentialRunner, StackedRunner, TrainSetup, select_runner
 from fedlight.tasks import Classification
 
@@ -89,7 +89,7 @@ def test_batchnorm_stacked_bf16_on_cuda(compile):
     import lightning as L
 
     from fedlight.data import TensorClients
-    from fedlight.loop import FederatedLoop
+    from fedlight.engine.loop import FederatedLoop
 
     fabric = L.Fabric(accelerator="cuda", devices=1, precision="bf16-mixed")
     data = TensorClients(image_clients(), batch_size=4)
@@ -168,8 +168,8 @@ def test_stacked_resnet18_loss_traces_as_one_graph(norm):
     Python) inside the forward/backward that would have to leave the captured graph."""
     import lightning as L
 
+    from fedlight.core.rules import cross_entropy
     from fedlight.models import ResNet18
-    from fedlight.rules import cross_entropy
     from fedlight.runners.stacked import StackedForward
 
     torch._dynamo.reset()
@@ -188,7 +188,7 @@ def test_a_wrapped_server_rule_keeps_its_aggregate_override():
     from robust_rules import MedianServer
 
     from fedlight.algorithms.compose import ServerWrapper
-    from fedlight.rules import Algorithm
+    from fedlight.core.rules import Algorithm
 
     plain = make_loop(Algorithm(server=MedianServer()), image_clients(), tiny_cnn(), batch_size=4, local_steps=3,
                       precision="32-true", clients_per_round=3)

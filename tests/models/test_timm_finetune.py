@@ -12,12 +12,13 @@ import timm
 import torch
 
 import fedlight
-from fedlight import cli, models
-from fedlight.args import LoopConfig
+from fedlight import models
+from fedlight.config import cli
+from fedlight.core.loop_config import LoopConfig
+from fedlight.core.sampling import client_generator
 from fedlight.data import CIFAR100, Dirichlet, RandAugment
 from fedlight.data.augment import resize
 from fedlight.errors import ConfigError
-from fedlight.sampling import client_generator
 
 ROOT = Path(__file__).resolve().parents[2]
 VIT = {"img_size": 32, "kwargs": {"patch_size": 4, "depth": 1}}

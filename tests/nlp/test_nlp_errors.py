@@ -12,8 +12,8 @@ import torch
 from nlp_fixtures import make_tokenizer, tiny_roberta
 
 import fedlight
-from fedlight import cli
-from fedlight.args import LoopConfig
+from fedlight.config import cli
+from fedlight.core.loop_config import LoopConfig
 from fedlight.data import GLUE, IID
 from fedlight.errors import ConfigError
 from fedlight.models import HFLoRA, HFSequenceClassifier

@@ -10,14 +10,14 @@ import torch
 from nlp_fixtures import tiny_roberta
 
 import fedlight
-from fedlight import params as P
 from fedlight.algorithms import FedAdamW
 from fedlight.algorithms.fedadamw import make_partition
-from fedlight.args import LoopConfig
+from fedlight.core import params as P
+from fedlight.core.loop_config import LoopConfig
+from fedlight.core.registry import get_algorithm
 from fedlight.data import GLUE, IID, Shakespeare
 from fedlight.errors import ConfigError
 from fedlight.models import HFCausalLM, HFLoRA, HFSequenceClassifier
-from fedlight.registry import get_algorithm
 from fedlight.runners import guard
 
 TABLE3 = ("fedavg", "scaffold", "fedcm", "local_adam", "fedadam", "fedlada", "local_adamw", "fedadamw")

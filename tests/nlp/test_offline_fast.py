@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedlight import cli
+from fedlight.config import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = str(ROOT / "recipes" / "fedadamw_robertalora_glue_dir0.8.yaml")
@@ -39,9 +39,9 @@ def warm_imports() -> None:
     import peft  # noqa: F401
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer  # noqa: F401
 
-    import fedlight.api  # noqa: F401
+    import fedlight.config.api  # noqa: F401
     import fedlight.data.glue  # noqa: F401
-    import fedlight.loop  # noqa: F401
+    import fedlight.engine.loop  # noqa: F401
 
     cli._parser("fedlight fit", docs=False)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fedlight import cli
+from fedlight.config import cli
 
 TINY = Path(__file__).parent.parent / "configs" / "tiny.yaml"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedlight.cli import main
+from fedlight.config.cli import main
 from fedlight.run import atomic, faults
 
 TINY = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
@@ -28,8 +28,8 @@ def _fit(out, rounds, *extra):
 
 
 def _cmd(out, rounds, *extra):
-    return [sys.executable, "-m", "fedlight.cli", "fit", "--config", TINY, "--out_dir", str(out), "--loop.rounds",
-            str(rounds), *FLAGS, *extra]
+    return [sys.executable, "-m", "fedlight.config.cli", "fit", "--config", TINY, "--out_dir", str(out),
+            "--loop.rounds", str(rounds), *FLAGS, *extra]
 
 
 def _final(out):

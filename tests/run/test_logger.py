@@ -24,7 +24,7 @@ def _accumulator(tb: Path):
 def run(tmp_path_factory):
     import fedlight
     from fedlight.algorithms import SCAFFOLD
-    from fedlight.args import LoopConfig
+    from fedlight.core.loop_config import LoopConfig
     from fedlight.data import Synthetic
     from fedlight.models import MLP
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 TINY = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
-FIT = ["-m", "fedlight.cli", "fit", "--config", TINY, "--accelerator", "cpu", "--loop.rounds", "3"]
+FIT = ["-m", "fedlight.config.cli", "fit", "--config", TINY, "--accelerator", "cpu", "--loop.rounds", "3"]
 
 
 def _free_port() -> int:
@@ -24,7 +24,7 @@ def _final(out: Path) -> dict:
 
 
 def test_two_nodes_through_torchrun_equal_one_process_bitwise(tmp_path):
-    from fedlight.cli import main
+    from fedlight.config.cli import main
 
     assert main(["fit", *FIT[3:], "--out_dir", str(tmp_path / "one")]) == 0  # one process, here
     port, out = _free_port(), tmp_path / "two_nodes"

@@ -14,17 +14,17 @@ import torch
 from fedtest import image_clients, tiny_cnn
 
 import fedlight
-from fedlight.args import LoopConfig
+from fedlight.core.loop_config import LoopConfig
+from fedlight.core.sampling import client_fails, sample_clients
 from fedlight.data import TensorClients
 from fedlight.errors import ConfigError
-from fedlight.sampling import client_fails, sample_clients
 
 TINY = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
 ROUNDS = ["--loop.rounds", "4", "--loop.eval_every", "1"]
 
 
 def _cli(out, *extra, env=None, check=True):
-    cmd = [sys.executable, "-m", "fedlight.cli", "fit", "--config", TINY, "--out_dir", str(out), *ROUNDS, *extra]
+    cmd = [sys.executable, "-m", "fedlight.config.cli", "fit", "--config", TINY, "--out_dir", str(out), *ROUNDS, *extra]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
     if check:
         assert res.returncode == 0, res.stderr[-3000:]
@@ -65,7 +65,7 @@ def test_sigkill_at_arbitrary_times(reference, tmp_path):
     """Kill from outside after a few chosen delays (wherever the run happens to be), then resume."""
     for delay in (6.0, 9.0):
         out = tmp_path / f"run{delay}"
-        cmd = [sys.executable, "-m", "fedlight.cli", "fit", "--config", TINY, "--out_dir", str(out), *ROUNDS,
+        cmd = [sys.executable, "-m", "fedlight.config.cli", "fit", "--config", TINY, "--out_dir", str(out), *ROUNDS,
                "--loop.rounds", "6"]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(delay)
@@ -173,15 +173,15 @@ def test_every_load_is_weights_only():
 def test_resume_refuses_drift_exactly_once_with_one_message(tmp_path, capsys, monkeypatch, drift, why):
     """One resume check (the fit driver's): a defining setting or the model's shapes changed since the checkpoint is
     refused by one call of the check, with one message listing the difference, before any file is written."""
-    import fedlight.fitting
-    from fedlight.cli import main
+    import fedlight.engine.driver
+    from fedlight.config.cli import main
 
     out = str(tmp_path / "run")
     assert main(["fit", "--config", TINY, "--out_dir", out, "--loop.rounds", "1"]) == 0
     before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run").iterdir()}
     calls = []
-    check = fedlight.fitting.resume_problems
-    monkeypatch.setattr(fedlight.fitting, "resume_problems", lambda *a: calls.append(a) or check(*a))
+    check = fedlight.engine.driver.resume_problems
+    monkeypatch.setattr(fedlight.engine.driver, "resume_problems", lambda *a: calls.append(a) or check(*a))
     capsys.readouterr()
     assert main(["fit", "--config", TINY, "--out_dir", out, "--loop.rounds", "2", "--resume", "auto", *drift]) == 2
     err = capsys.readouterr().err

@@ -15,12 +15,12 @@ import torch
 from fedtest import image_clients, tiny_cnn
 
 import fedlight
-from fedlight.args import LoopConfig
+from fedlight.core.loop_config import LoopConfig
+from fedlight.core.sampling import sample_clients
 from fedlight.data import Synthetic, TensorClients
 from fedlight.run import atomic as records
 from fedlight.run.console import Progress
 from fedlight.run.record import RunRecord
-from fedlight.sampling import sample_clients
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TINY = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
@@ -145,7 +145,7 @@ def test_exploding_train_loss_warns_once_with_the_likely_cause(tmp_path, capsys)
 def test_next_round_runs_while_the_checkpoint_is_written(tmp_path, monkeypatch):
     """Checkpoint r's write waits until round r+1 has started: it completes only if the loop did not wait for it.
     Also: at most one write in flight, and round r's metrics line lands only after checkpoint r is renamed."""
-    from fedlight.loop import FederatedLoop
+    from fedlight.engine.loop import FederatedLoop
 
     started = {r: threading.Event() for r in range(1, 5)}
     run_round = FederatedLoop.run_round
@@ -195,7 +195,7 @@ def test_snapshot_is_a_private_copy(tmp_path):
 
 def test_unchanged_client_state_is_never_rewritten(tmp_path, monkeypatch):
     """Each checkpoint writes the states of the round's reporting clients only; the others stay referenced."""
-    from fedlight.state import ClientStateStore
+    from fedlight.engine.client_store import ClientStateStore
 
     writes = []
     write = ClientStateStore._write
@@ -250,8 +250,8 @@ def test_a_failed_background_write_is_one_message(tmp_path, monkeypatch):
 
 def test_an_unregistered_algorithm_subclass_records_its_arguments():
     """``Algorithm.__init_subclass__`` wraps every subclass, registered or not (a user's own rule in a script)."""
-    from fedlight.rules import Algorithm, ServerRule
-    from fedlight.spec import describe
+    from fedlight.core.rules import Algorithm, ServerRule
+    from fedlight.core.spec import describe
 
     class Mine(Algorithm):
         def __init__(self, server_lr: float = 1.0, note: str = "x") -> None:

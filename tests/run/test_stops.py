@@ -14,7 +14,7 @@ import pytest
 import torch
 from fedtest import image_clients, tiny_cnn
 
-from fedlight.args import LoopConfig
+from fedlight.core.loop_config import LoopConfig
 from fedlight.data import TensorClients
 from fedlight.run import faults, stops
 
@@ -23,7 +23,7 @@ FLAGS = ["--loop.rounds", "5", "--loop.eval_every", "1", "--loop.save_every", "3
 
 
 def _cmd(out, *extra):
-    return [sys.executable, "-m", "fedlight.cli", "fit", "--config", TINY, "--out_dir", str(out), *FLAGS, *extra]
+    return [sys.executable, "-m", "fedlight.config.cli", "fit", "--config", TINY, "--out_dir", str(out), *FLAGS, *extra]
 
 
 def _cli(out, *extra, env=None):
@@ -45,7 +45,7 @@ def _ckpt_round(out):
 
 def _fit_here(out, *extra):
     """``fedlight fit`` in this process (saves an interpreter start where no signal is sent)."""
-    from fedlight.cli import main
+    from fedlight.config.cli import main
 
     assert main(["fit", "--config", TINY, "--out_dir", str(out), *FLAGS, *extra]) == 0
 
@@ -160,10 +160,10 @@ def test_a_really_full_filesystem_stops_every_thread_quietly(tmp_path):
 
 
 def test_a_removed_run_directory_is_one_error_and_no_thread_traceback(tmp_path, monkeypatch, capfd):
-    import fedlight.loop
+    import fedlight.engine.loop
 
     out = tmp_path / "run"
-    real = fedlight.loop.fault
+    real = fedlight.engine.loop.fault
 
     def remove_at_round_3(point, round):
         if (point, round) == ("train", 3) and out.exists():
@@ -172,7 +172,7 @@ def test_a_removed_run_directory_is_one_error_and_no_thread_traceback(tmp_path, 
             shutil.rmtree(out)
         real(point, round)
 
-    monkeypatch.setattr(fedlight.loop, "fault", remove_at_round_3)
+    monkeypatch.setattr(fedlight.engine.loop, "fault", remove_at_round_3)
     with pytest.raises(stops.RunDirError) as e:
         fedlight.fit(tiny_cnn(), TensorClients(image_clients(), batch_size=4), fedlight.create("fedavg"),
                      LoopConfig(rounds=4, clients_per_round=2, local_steps=1, progress=False), out_dir=str(out))
@@ -185,7 +185,7 @@ def test_a_removed_run_directory_is_one_error_and_no_thread_traceback(tmp_path, 
 
 
 def test_the_exit_statuses_are_in_the_help(capsys):
-    from fedlight.cli import main
+    from fedlight.config.cli import main
 
     assert main(["--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())

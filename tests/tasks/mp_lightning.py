@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from lit import BlobsDataModule, Scheduled  # noqa: E402
 
 import fedlight  # noqa: E402
-from fedlight.args import LoopConfig  # noqa: E402
+from fedlight.core.loop_config import LoopConfig  # noqa: E402
 from fedlight.data import DataModuleClients, Dirichlet  # noqa: E402
 
 

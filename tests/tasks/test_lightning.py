@@ -12,10 +12,10 @@ import torch
 from lit import BlobsDataModule, LitMLP
 
 import fedlight
-from fedlight.args import LoopConfig
+from fedlight.core.loop_config import LoopConfig
+from fedlight.core.sampling import client_generator, sample_clients
 from fedlight.data import DataModuleClients, Dirichlet
 from fedlight.errors import ConfigError
-from fedlight.sampling import client_generator, sample_clients
 
 N, S, K, R = 6, 3, 4, 3
 
@@ -111,7 +111,7 @@ def test_training_step_optimizer_and_test_step_are_the_ones_used(tmp_path, capsy
 
 @pytest.mark.parametrize("form", ["list", "lists", "dicts"])
 def test_configure_optimizers_list_forms(form):
-    from fedlight.tasks.lightning_schedule import read_configure_optimizers
+    from fedlight.tasks.lightning.schedule import read_configure_optimizers
 
     class Lit(LitMLP):
         def configure_optimizers(self):
@@ -175,8 +175,7 @@ def test_a_custom_rule_may_set_its_own_objective_on_both_runners(tmp_path):
     """A rule that swaps ``ctx.objective`` for one calling the module's training_step runs stacked too (the
     stacked runner binds each client's tensors to any method of the model, not only forward)."""
     from fedlight import Algorithm, LocalUpdateRule
-    from fedlight import params as P
-
+    from fedlight.core import params as P
     class OwnObjective(LocalUpdateRule):
         def start(self, model, ctx):
             super().start(model, ctx)

@@ -129,7 +129,7 @@ def test_a_pytorch_lightning_autoencoder_ignoring_labels_runs_with_its_adam(tmp_
 
 
 def _loop(**kw):
-    from fedlight.args import LoopConfig
+    from fedlight.core.loop_config import LoopConfig
 
     return LoopConfig(rounds=R, clients_per_round=3, local_steps=K, progress=False, **kw)
 
@@ -234,7 +234,7 @@ class FailsInRound2(Scheduled):
 
 
 def test_an_exception_in_the_users_hook_keeps_round_1_and_resume_continues_bitwise(tmp_path):
-    from fedlight.tasks.lightning_errors import UserCodeError
+    from fedlight.tasks.lightning.errors import UserCodeError
 
     torch.manual_seed(0)
     model = FailsInRound2()
@@ -286,7 +286,7 @@ def test_string_labels_are_refused_with_the_mapping_to_write(tmp_path, model):
 
 
 def test_the_command_line_nested_datamodule_flags_and_exit_statuses(tmp_path, capsys):
-    from fedlight.cli import main
+    from fedlight.config.cli import main
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model: {class_path: lit.LitMLP}\n"

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import fedlight
-from fedlight.args import LoopConfig
+from fedlight.core.loop_config import LoopConfig
 from fedlight.data import SyntheticRegression
 from fedlight.errors import ConfigError
 from fedlight.lab import report, reproduce

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 import fedlight
-from fedlight import params as P
-from fedlight.args import LoopConfig
+from fedlight.core import params as P
+from fedlight.core.loop_config import LoopConfig
+from fedlight.core.registry import get_algorithm
 from fedlight.data import MarkovText, TensorClients
 from fedlight.engine.driver import FitDriver
-from fedlight.loop import FederatedLoop
+from fedlight.engine.loop import FederatedLoop
 from fedlight.models import MLP, TinyGPT
-from fedlight.registry import get_algorithm
 from fedlight.tasks import LanguageModeling, Regression
 
 ALGOS = fedlight.list_algorithms()

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import fedlight
-from fedlight.args import LoopConfig
+from fedlight.core.loop_config import LoopConfig
 from fedlight.data import IID, Dirichlet, MarkovText, QuantitySkew, SyntheticRegression, TensorClients
 from fedlight.errors import ConfigError
 from fedlight.models import MLP, TinyGPT

@@ -154,7 +154,7 @@ class LoopConfig:
 
         cosine: ``η_k = η_min + ½(η_r − η_min)(1 + cos(πk/K))``, from η_r at the first step down towards η_min,
         restarted every round (the FedAdamW paper's "cosine decay ... over the 50 local steps per round", Appendix
-        C). The loop applies it to every rule (:func:`fedlight.algorithms.compose.local_schedule`); a rule that
+        C). The loop applies it to every rule (:func:`fedlight.engine.local_schedule.local_schedule`); a rule that
         divides by the lr keeps its paper's divisor (SCAFFOLD: ``Σ_k η_k``; FedAdamW's Δ_G: ``K·η_r``)."""
         if self.local_lr_schedule == "cosine":
             return self.local_lr_eta_min + 0.5 * (lr - self.local_lr_eta_min) * (1.0 + math.cos(math.pi * k / K))

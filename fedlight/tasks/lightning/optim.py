@@ -15,12 +15,12 @@ import inspect
 from types import SimpleNamespace
 from typing import Any
 
-from fedlight.config.args import LoopConfig, LRSchedule
+from fedlight.core.loop_config import LoopConfig, LRSchedule
 from fedlight.errors import ConfigError
-from fedlight.tasks.lightning_compat import overrides
-from fedlight.tasks.lightning_hooks import call_hook
-from fedlight.tasks.lightning_schedule import Schedule, read_configure_optimizers
-from fedlight.tasks.lightning_trainer import FedTrainer, attach
+from fedlight.tasks.lightning.compat import module_name, note, overrides
+from fedlight.tasks.lightning.hooks import call_hook
+from fedlight.tasks.lightning.schedule import Schedule, read_configure_optimizers
+from fedlight.tasks.lightning.trainer import FedTrainer, attach
 
 DEFAULT_CLIP = LoopConfig.__dataclass_fields__["max_grad_norm"].default
 
@@ -28,10 +28,9 @@ DEFAULT_CLIP = LoopConfig.__dataclass_fields__["max_grad_norm"].default
 def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, data=None):
     """Attach the stand-in trainer, call ``configure_model`` / ``setup("fit")``, and return ``(loop, optimizer
     factory or None, algorithm)`` for the module's own optimization (see the module docstring)."""
-    from fedlight.tasks.lightning import _name
-    from fedlight.tasks.lightning_manual import manual_algorithm
+    from fedlight.tasks.lightning.manual import manual_algorithm
 
-    name = _name(model)
+    name = module_name(model)
     _prepare(task, fabric, model, loop, data, name)
     task.manual = not model.automatic_optimization
     clip = loop.max_grad_norm if loop.max_grad_norm != DEFAULT_CLIP else None
@@ -83,7 +82,6 @@ def _prepare(task: Any, fabric, model, loop: LoopConfig, data, name: str) -> Non
 def _module_optimizer(task: Any, fabric, model, name: str):
     """``configure_optimizers()`` read: its first optimizer and first param group's hyperparameters; the trainer's
     ``optimizers`` / ``lr_scheduler_configs`` and the task's schedule set; a note for each part not used."""
-    from fedlight.tasks.lightning import note
 
     optimizers, configs = read_configure_optimizers(model.configure_optimizers(), name)
     first = optimizers[0]
@@ -131,7 +129,6 @@ def _sgd_note(fabric, algorithm, first, group) -> None:
 
     if type(algorithm.local) is LocalUpdateRule or isinstance(first, torch.optim.SGD):
         return
-    from fedlight.tasks.lightning import note
 
     note(fabric, f"{type(algorithm).__name__}'s local algebra is written for plain SGD steps; here its direction is "
                  f"stepped by {type(first).__name__} at lr {group['lr']:g} (the module's), and the lr in its algebra "

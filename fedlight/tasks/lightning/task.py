@@ -15,7 +15,6 @@ evaluation step is missing or logs nothing is evaluated by its ``training_step``
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,10 +24,10 @@ from torch import Tensor, nn
 from fedlight.core.params import in_stacked
 from fedlight.errors import ConfigError
 from fedlight.tasks.base import Task, higher_is_better, precision_forward
-from fedlight.tasks.lightning_compat import is_lightning_module, overrides
-from fedlight.tasks.lightning_hooks import ClientHooks, call_hook
-from fedlight.tasks.lightning_logs import _batch_size, _mean_metric, _reduce, capture_logs
-from fedlight.tasks.lightning_trainer import FedTrainer, attach
+from fedlight.tasks.lightning.compat import is_lightning_module, module_name, overrides
+from fedlight.tasks.lightning.hooks import ClientHooks, call_hook
+from fedlight.tasks.lightning.logs import _batch_size, _mean_metric, _reduce, capture_logs
+from fedlight.tasks.lightning.trainer import FedTrainer, attach
 
 PREFIXES = ("test_", "val_", "test/", "val/", "valid_", "validation_")
 
@@ -79,7 +78,7 @@ class LightningTask(Task):
     def local_optimization(self, fabric, model, algorithm, loop, data=None):
         """The module prepared (trainer attached, ``configure_model``), and the local optimization it brings:
         ``(loop, optimizer factory or None, algorithm)`` (see :mod:`.lightning_optim`)."""
-        from fedlight.tasks.lightning_optim import local_optimization
+        from fedlight.tasks.lightning.optim import local_optimization
 
         return local_optimization(self, fabric, model, algorithm, loop, data)
 
@@ -100,7 +99,7 @@ class LightningTask(Task):
         if loss is None and (out is None or self.manual):
             return None
         if not isinstance(loss, Tensor):
-            raise ConfigError(f"{_name(model)}.training_step must return the loss tensor or a dict holding "
+            raise ConfigError(f"{module_name(model)}.training_step must return the loss tensor or a dict holding "
                               f"\"loss\", got {type(out).__name__}")
         return loss
 
@@ -213,7 +212,7 @@ class LightningTask(Task):
         return by_loss, "test"
 
     def probe(self, model, train_batch, test_batch, data, fabric=None) -> None:
-        from fedlight.tasks.lightning_probe import probe
+        from fedlight.tasks.lightning.probe import probe
 
         probe(self, model, train_batch, test_batch, fabric)
 
@@ -236,15 +235,3 @@ def _strip(name: str) -> str:
         if name.startswith(p):
             return name[len(p):]
     return name
-
-
-def _name(model: Any) -> str:
-    return type(getattr(model, "_fedlight_module", model)).__name__
-
-
-def note(fabric: Any, message: str) -> None:
-    """One ``fedlight: note:`` line from rank 0."""
-    if fabric is not None:
-        fabric.print(f"fedlight: note: {message}")
-    else:
-        print(f"fedlight: note: {message}", file=sys.stderr)

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from fedlight.core import params as P
 from fedlight.core.params import in_stacked
-from fedlight.tasks.lightning_logs import capture_logs
+from fedlight.tasks.lightning.logs import capture_logs
 
 
 def call_hook(module: Any, name: str, *args: Any, sink: dict | None = None) -> Any:

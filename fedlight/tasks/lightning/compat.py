@@ -7,6 +7,7 @@ other (whichever is installed is used). A plain ``nn.Module`` stays a plain modu
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
@@ -53,3 +54,16 @@ def misconfiguration_errors() -> tuple[type, ...]:
         except (ImportError, AttributeError):
             continue
     return tuple(out)
+
+
+def module_name(model: Any) -> str:
+    """The user's LightningModule class name (under fedlight's wrappers)."""
+    return type(getattr(model, "_fedlight_module", model)).__name__
+
+
+def note(fabric: Any, message: str) -> None:
+    """One ``fedlight: note:`` line from rank 0."""
+    if fabric is not None:
+        fabric.print(f"fedlight: note: {message}")
+    else:
+        print(f"fedlight: note: {message}", file=sys.stderr)

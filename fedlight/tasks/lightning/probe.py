@@ -9,9 +9,9 @@ from torch import Tensor
 
 from fedlight.errors import ConfigError
 from fedlight.tasks.base import guard
-from fedlight.tasks.lightning_compat import overrides
-from fedlight.tasks.lightning_hooks import call_hook
-from fedlight.tasks.lightning_logs import capture_logs
+from fedlight.tasks.lightning.compat import module_name, note, overrides
+from fedlight.tasks.lightning.hooks import call_hook
+from fedlight.tasks.lightning.logs import capture_logs
 
 
 class _NoStep:
@@ -31,9 +31,8 @@ def probe(task: Any, model, train_batch, test_batch, fabric=None) -> None:
     """Refuse, with the fix, a module without ``training_step``, a non-scalar loss or a module/data mismatch; learn
     what the evaluation logs (falling back to the training loss, with a note, when it logs nothing); then
     ``on_fit_start``."""
-    from fedlight.tasks.lightning import _name, note
 
-    name = _name(model)
+    name = module_name(model)
     if not overrides(model, "training_step"):
         raise ConfigError(f"{name} has no training_step: fedlight trains clients with it. Define "
                           "`training_step(self, batch, batch_idx)` returning the loss")

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fedlight import params as P
-from fedlight.aggregate import Reduced
-from fedlight.params import Params
+from fedlight.core import params as P
+from fedlight.core.params import Params
+from fedlight.engine.aggregate import Reduced
 
 
 @dataclass
