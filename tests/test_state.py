@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fedlight.engine.client_store import ClientStateStore
+from fedlight.run.atomic import DamagedFile
 
 
 def rich_state(seed: int) -> dict:
@@ -145,7 +146,7 @@ def test_spilled_checkpoint_references_files_and_keeps_them(tmp_path):
     d1 = _save_load(store.state_dict())
     assert set(d1["spilled"]) == {0, 1, 2, 3} and d1["states"] == {}  # client 3 is written, and stays in memory
     assert 3 in store._mem and store.mem_bytes == size(rich_state(3))
-    old = {int(c): e["path"] for c, e in d1["spilled"].items()}
+    old = {int(c): spill / e["path"] for c, e in d1["spilled"].items()}  # named relative to the store's folder
     store.put(0, rich_state(10))  # supersedes client 0's file, which checkpoint 1 still references
     assert all(os.path.exists(p) for p in old.values())
     store.state_dict()  # checkpoint 2 written: checkpoint 1 may still be the newest complete one
@@ -173,7 +174,7 @@ def test_a_resume_keeps_the_files_the_checkpoint_before_names(tmp_path):
     d1 = _save_load(store.state_dict())
     store.put(0, rich_state(10))
     d2 = _save_load(store.state_dict())  # last.ckpt; d1 is prev.ckpt
-    named = lambda d: {e["path"] for e in d["spilled"].values()}  # noqa: E731
+    named = lambda d: {str(spill / e["path"]) for e in d["spilled"].values()}  # noqa: E731
     only_in_d1 = named(d1) - named(d2)
     assert len(only_in_d1) == 1
     again = ClientStateStore(budget_bytes=0, spill_dir=spill)  # resume in a fresh process from d2
@@ -189,7 +190,8 @@ def test_a_resume_keeps_the_files_the_checkpoint_before_names(tmp_path):
     again.put(2, rich_state(12))
     d4 = _save_load(again.state_dict())  # d3 becomes prev.ckpt: d2's superseded file of client 1 goes
     assert sorted(os.listdir(spill)) == sorted(os.path.basename(f) for f in named(d3) | named(d4))  # no leak
-    assert d2["previous"] == sorted(named(d1)) and d4["previous"] == sorted(named(d3))
+    assert sorted(str(spill / f) for f in d2["previous"]) == sorted(named(d1))
+    assert sorted(str(spill / f) for f in d4["previous"]) == sorted(named(d3))
 
 
 def test_spilled_checkpoint_detects_missing_and_corrupt_files(tmp_path):
@@ -197,17 +199,17 @@ def test_spilled_checkpoint_detects_missing_and_corrupt_files(tmp_path):
     store.put(0, rich_state(0))
     store.put(1, rich_state(1))
     d = _save_load(store.state_dict())
-    path1 = d["spilled"][1]["path"]
+    path1 = tmp_path / "s" / d["spilled"][1]["path"]
     data = bytearray(open(path1, "rb").read())
     data[3] ^= 0xFF
     open(path1, "wb").write(bytes(data))
     again = ClientStateStore(budget_bytes=0, spill_dir=tmp_path / "s")
     again.load_state_dict(d)
     assert bitwise_equal(again.get(0, "cpu"), rich_state(0))
-    with pytest.raises(RuntimeError, match="corrupt"):
+    with pytest.raises(DamagedFile, match="client 1's state file .* is damaged: .*CRC-32 mismatch"):
         again.get(1, "cpu")
-    os.remove(d["spilled"][0]["path"])
-    with pytest.raises(FileNotFoundError, match="client 0"):
+    os.remove(tmp_path / "s" / d["spilled"][0]["path"])
+    with pytest.raises(DamagedFile, match="client 0's state file .* is missing"):
         ClientStateStore(budget_bytes=0, spill_dir=tmp_path / "s").load_state_dict(d)
 
 
@@ -256,7 +258,7 @@ def test_export_does_not_release_files_of_the_last_checkpoint(tmp_path):
     store.state_dict(materialize=True)  # an export in between
     store.put(0, rich_state(1))
     store.state_dict()  # the next checkpoint; the first one may still be the newest complete one
-    assert os.path.exists(d["spilled"][0]["path"])
+    assert os.path.exists(tmp_path / d["spilled"][0]["path"])
 
 
 def test_states_without_tensor_bytes(tmp_path):

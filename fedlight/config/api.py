@@ -30,7 +30,7 @@ from fedlight.data.augment import adopt_preprocessing
 from fedlight.engine.driver import FitDriver
 from fedlight.engine.loop import FederatedLoop
 from fedlight.errors import ConfigError, check
-from fedlight.run import stops
+from fedlight.run import side_files, stops
 from fedlight.run.directory import settings_hash, split_settings
 from fedlight.run.faults import fault
 from fedlight.run.files import is_fraction
@@ -167,7 +167,8 @@ def _train(driver: FitDriver, record: RunRecord, plan: Plan) -> dict[str, Any]:
     effective = driver.loop.task.effective  # what trained, where the loop settings do not apply
     text = plan.text + (f"# fedlight: local optimization used: {effective}\n" if effective else "")
     with stops.disk_guard(record):
-        record.open(text, plan.data, overwrite=bool(plan.clear) and plan.ckpt is None, fresh=plan.ckpt is None)
+        fresh = plan.ckpt is None or resumes.config_damaged(plan.out, plan.ckpt)  # a damaged one is rewritten
+        record.open(text, plan.data, overwrite=bool(plan.clear) and plan.ckpt is None, fresh=fresh)
         with stops.stop_signals():
             return driver.fit()
 
@@ -188,7 +189,7 @@ def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, t
 
 def _annotate(record: RunRecord, loop: FederatedLoop, plan: Plan) -> None:
     """What the run record adds to the summary: settings, segments, hyperparameters."""
-    record.extra = {"settings": json.dumps(plan.defining, default=str)}
+    record.extra = {"settings": json.dumps(plan.defining, default=str), side_files.MARK: True}
     record.segments = recorded.segments(plan.ckpt, loop.state.rounds_done, plan.execution)
     record.hparams = recorded.hparams(loop.algorithm, loop.cfg, plan.seed)
     if loop.fabric.global_rank == 0:
@@ -257,8 +258,9 @@ def _prepare(fabric, plan: Plan, record: RunRecord) -> FitDriver:
                                      optimizer), record)
     driver.probe()  # one batch through model + task: a mismatch is refused before round 1
     _check_targets(task, loop)  # after the probe: a LightningModule's headline is known only then
-    driver.loop.store.use_folder(plan.out / "client_state" / f"rank{fabric.global_rank}")  # unchanged: never rewritten
+    driver.loop.store.use_folder(plan.out / "client_state" / f"rank{fabric.global_rank}", root=plan.out)
     if plan.ckpt is not None:
+        driver.loop.store.read_from(plan.ckpt_path.parent.parent)  # the files it names are in its run directory
         driver.resume(plan.ckpt, plan.ckpt_path, plan.defining)
     return driver
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlight.errors import ConfigError
+from fedlight.run import side_files
 from fedlight.run.directory import LOCK_NAME, check_out_dir, differences, load_resume
 from fedlight.run.files import check_metrics, load_checkpoint
 from fedlight.run.record import RUN_FILES
@@ -95,3 +96,13 @@ def _no_round_finished(out: Path) -> bool:
         return False
     metrics = out / "metrics.jsonl"
     return not metrics.exists() or not metrics.read_text().strip()
+
+
+def config_damaged(out: Path, ckpt: dict[str, Any]) -> bool:
+    """Whether ``out/config.yaml`` is damaged or edited (and is to be rewritten from this run's settings, which the
+    checkpoint just confirmed), saying so."""
+    why = side_files.damage(out / "config.yaml", sealed=bool(ckpt.get(side_files.MARK)))
+    if why is not None:
+        note(f"{out / 'config.yaml'} is damaged: {why}; rewritten from the checkpoint's settings (this run's, which "
+             "the checkpoint confirmed)")
+    return why is not None

@@ -5,7 +5,9 @@ budget, the least recently stored states beyond it spill to one flat file per cl
 memory map), so 10,000 stateful clients need disk, not RAM. A checkpoint then holds the in-memory states plus a
 reference (path, size, crc32) per spilled client: files are written atomically, fsynced before the checkpoint that
 names them, and deleted only once two later checkpoints no longer name them (also across a resume: a checkpoint
-lists the files of the one before it, ``checkpoints/prev.ckpt``, the fallback if the last one is damaged).
+lists the files of the one before it, ``checkpoints/prev.ckpt``, the fallback if the last one is damaged). Paths are
+relative to the run directory (:mod:`fedlight.run.client_files`): a copied or moved run reads, writes and deletes
+only its own files.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from fedlight.run.atomic import DamagedFile
+from fedlight.run.client_files import locate
 
 _ALIGN = 64  # byte alignment of each tensor in a spill file (any dtype can be viewed in place)
 
@@ -115,14 +120,25 @@ class ClientStateStore:
         if self._temporary:
             self.spill_dir = Path(tempfile.mkdtemp(prefix="fedlight-state-")).resolve()
             weakref.finalize(self, shutil.rmtree, self.spill_dir, True)
+        self.root = self.spill_dir  # checkpoints name files relative to it (the run directory, see use_folder)
+        self.source: Path | None = None  # the run directory of the checkpoint to load (default: root)
 
-    def use_folder(self, folder: str | os.PathLike) -> None:
+    def use_folder(self, folder: str | os.PathLike, root: str | os.PathLike | None = None) -> None:
         """Let checkpoints reference per-client state files in ``folder`` instead of embedding every state (a run
         directory's ``client_state/rank<r>``): a state is written once after it changes, never again while it does
         not. Memory use is unchanged (without a budget every state also stays in memory). The folder is created on
-        the first write. No effect when the store already spills to a folder of its own choosing."""
+        the first write. No effect when the store already spills to a folder of its own choosing. ``root``: the run
+        directory, which checkpoints name the files relative to (when the folder is inside it)."""
         if self.spill_dir is None:
             self.spill_dir = Path(folder).resolve()
+        self.root = self.spill_dir
+        if root is not None and not self._temporary and self.spill_dir.is_relative_to(Path(root).resolve()):
+            self.root = Path(root).resolve()
+
+    def read_from(self, run_dir: str | os.PathLike) -> None:
+        """The checkpoint :meth:`load_state_dict` gets next lives in ``run_dir`` (its files are found there; only
+        files inside this store's own folder are ever deleted)."""
+        self.source = Path(run_dir).resolve()
 
     # ------------------------------------------------------------------------------------------- get / put
     def get(self, client_id: int, device: torch.device | str) -> dict[str, Any]:
@@ -176,14 +192,14 @@ class ClientStateStore:
         _layout(spec, offsets)
         self._count += 1
         self.spill_dir.mkdir(parents=True, exist_ok=True)
-        path = self.spill_dir / f"c{client_id}-{self._token}-{self._count}.bin"
-        tmp, crc, end = path.with_suffix(".tmp"), 0, 0
+        tmp, crc, end = self.spill_dir / f"c{client_id}-{self._token}-{self._count}.tmp", 0, 0
         with open(tmp, "wb") as f:
             for (pos, _, _), t in zip(offsets, leaves):
                 for chunk in (bytes(pos - end), t.detach().reshape(-1).cpu().contiguous().view(torch.uint8).numpy()):
                     f.write(chunk)
                     crc = zlib.crc32(chunk, crc)
                 end = pos + t.numel() * t.element_size()
+        path = tmp.with_name(f"{tmp.stem}-{crc:08x}.bin")  # the name carries the CRC: checkable with no checkpoint
         os.replace(tmp, path)
         self._unsynced.add(path)
         self._disk[client_id] = {"spec": spec, "path": path, "nbytes": end, "crc": crc, "owned": True,
@@ -191,11 +207,17 @@ class ClientStateStore:
 
     def _read(self, client_id: int, device: torch.device | str) -> dict[str, Any]:
         e = self._disk[client_id]
-        buf = torch.from_file(str(e["path"]), shared=False, size=e["nbytes"], dtype=torch.uint8) if e["nbytes"] \
-            else torch.empty(0, dtype=torch.uint8)
+        try:
+            buf = torch.from_file(str(e["path"]), shared=False, size=e["nbytes"], dtype=torch.uint8) if e["nbytes"] \
+                else torch.empty(0, dtype=torch.uint8)
+        except (OSError, RuntimeError) as err:  # removed or truncated since the checks before round 1
+            raise DamagedFile(f"client {client_id}'s state file {e['path']} is damaged: it is missing or truncated "
+                              f"({str(err).splitlines()[0][:120]}); continue with `--resume auto`, which checks every "
+                              "file a checkpoint names before round 1") from None
         if not e["verified"] and zlib.crc32(buf.numpy()) != e["crc"]:
-            raise RuntimeError(f"client {client_id}'s state file {e['path']} is corrupt (crc32 mismatch); resume "
-                               "from an earlier run directory or start over")
+            raise DamagedFile(f"client {client_id}'s state file {e['path']} is damaged: its bytes differ from the ones "
+                              "written (CRC-32 mismatch); continue with `--resume auto`, which checks every file a "
+                              "checkpoint names before round 1")
         e["verified"] = True
         offsets: list[tuple[int, torch.dtype, tuple]] = []
         _layout(e["spec"], offsets)
@@ -209,11 +231,18 @@ class ClientStateStore:
             self._garbage.discard(path)
             self._unsynced.discard(path)
 
-    def _here(self, path: Path) -> Path:
-        """A file a checkpoint names, in this store's folder when the run directory was moved."""
+    def _here(self, recorded: str) -> Path:
+        """The file a checkpoint names: relative to the checkpoint's run directory; an absolute path (an older
+        checkpoint) is looked up inside it, then in this store's folder (a store without a run directory)."""
+        base = self.source or self.root
+        path = locate(base, recorded) if base is not None else Path(recorded)
         if not path.is_file() and self.spill_dir is not None and (self.spill_dir / path.name).is_file():
             return self.spill_dir / path.name
         return path
+
+    def _name(self, path: Path) -> str:
+        """How a checkpoint names ``path``: relative to the run directory (a moved or copied run finds its own)."""
+        return path.relative_to(self.root).as_posix() if self.root and path.is_relative_to(self.root) else str(path)
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def state_dict(self, materialize: bool | None = None) -> dict[str, Any]:
@@ -236,19 +265,19 @@ class ClientStateStore:
         self._unsynced.clear()
         self._pins = (self._pins[1], {e["path"] for e in self._disk.values()})
         self._collect()
-        return {"states": {}, "spilled": {int(k): {"spec": e["spec"], "path": str(e["path"]), "nbytes": e["nbytes"],
-                                                   "crc": e["crc"]} for k, e in self._disk.items()},
-                "previous": sorted(str(p) for p in self._pins[0])}  # the files the checkpoint before names
+        return {"states": {}, "spilled": {int(k): {"spec": e["spec"], "path": self._name(e["path"]), "nbytes":
+                                                   e["nbytes"], "crc": e["crc"]} for k, e in self._disk.items()},
+                "previous": sorted(self._name(p) for p in self._pins[0])}  # the files the checkpoint before names
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         for cid in self.ids():
             self._drop(cid)
         referenced = set()
         for cid, e in d.get("spilled", {}).items():
-            path = self._here(Path(e["path"]))
+            path = self._here(e["path"])
             if not path.is_file() or path.stat().st_size != e["nbytes"]:
-                raise FileNotFoundError(f"client {cid}'s spilled state {e['path']} is missing or truncated; the "
-                                        "checkpoint references files in the run's client-state folder")
+                raise DamagedFile(f"client {cid}'s state file {path} is missing or truncated; the checkpoint names "
+                                  "files in its run directory's client_state/ folder")
             owned = self.spill_dir is not None and path.parent == self.spill_dir
             spec = _intern(self._specs, e["spec"])
             self._disk[int(cid)] = {"spec": spec, "path": path, "nbytes": e["nbytes"], "crc": e["crc"],
@@ -256,7 +285,7 @@ class ClientStateStore:
             referenced.add(path)
         # The checkpoint before this one (checkpoints/prev.ckpt, the fallback) names these: kept until two later
         # checkpoints no longer do, as in the run that wrote them; then deleted like any superseded file.
-        previous = {self._here(Path(f)) for f in d.get("previous", [])}
+        previous = {self._here(f) for f in d.get("previous", [])}
         self._pins = (previous, referenced)
         self._garbage |= {f for f in previous - referenced if self.spill_dir is not None and f.parent == self.spill_dir}
         for cid, state in d["states"].items():

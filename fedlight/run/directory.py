@@ -165,20 +165,21 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 def load_resume(path: Path | None, auto: bool, note=print) -> tuple[Path | None, dict[str, Any] | None]:
-    """The checkpoint at ``path``; when it is a damaged ``last.ckpt``, ``--resume auto`` takes the previous good one
-    (``prev.ckpt``, saying so through ``note``) and an explicit path is refused naming it."""
-    from fedlight.run.atomic import DamagedFile, load_checkpoint
+    """The checkpoint at ``path``; when it is a damaged ``last.ckpt`` (or one naming a damaged client-state file),
+    ``--resume auto`` takes the previous good one (``prev.ckpt``, saying so through ``note``) and an explicit path is
+    refused naming it."""
+    from fedlight.run.atomic import DamagedFile
 
     if path is None:
         return None, None
     try:
-        return path, load_checkpoint(path)
+        return path, _load_whole(path)
     except DamagedFile as e:
         prev = path.with_name("prev.ckpt")
         if path.name != "last.ckpt" or not prev.is_file():
             raise
         try:
-            ckpt = load_checkpoint(prev)
+            ckpt = _load_whole(prev)
         except ConfigError as e2:
             raise DamagedFile(f"{e}; the previous one is unusable too: {e2}") from None
         if not auto:
@@ -187,3 +188,17 @@ def load_resume(path: Path | None, auto: bool, note=print) -> tuple[Path | None,
         note(f"{e}; continuing from the previous good checkpoint {prev} (round {ckpt['round']}), the rounds after "
              "it are recomputed")
         return prev, ckpt
+
+
+def _load_whole(path: Path) -> dict[str, Any]:
+    """The checkpoint at ``path``, sealed bytes and every client-state file it names checked (size and CRC-32)."""
+    from fedlight.run.atomic import DamagedFile, load_checkpoint
+    from fedlight.run.client_files import named_damage
+
+    ckpt = load_checkpoint(path)
+    bad = named_damage(path.parent.parent, ckpt)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        file, cid, why = bad[0]
+        raise DamagedFile(f"checkpoint {path} names client {cid}'s state file {file}{more}, which is damaged: {why}")
+    return ckpt

@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fedlight.run import atomic, faults
+from fedlight.run import atomic, faults, side_files
 from fedlight.run import files as records
 from fedlight.run.console import Progress, RoundWatch
 from fedlight.run.directory import RunLock
@@ -123,7 +123,7 @@ class RunRecord:
             for folder in (self.out, self.out / "checkpoints"):  # torn writes of a killed run
                 atomic.remove_leftovers(folder)
             if config_text is not None and (fresh or not (self.out / "config.yaml").exists()):
-                atomic.atomic_write_text(self.out / "config.yaml", config_text)
+                atomic.atomic_write_text(self.out / "config.yaml", side_files.seal_config(config_text))
         if tensorboard:  # off the critical path: importing TensorBoard and drawing the partition take ~0.5 s
             self.writer.submit(lambda: self._open_tensorboard(config_text, data))
 
@@ -213,7 +213,7 @@ class RunRecord:
             with _disk_errors(self.out / "final_model.pt"):
                 atomic.atomic_torch_save(final_state, self.out / "final_model.pt")
         with _disk_errors(self.out / "summary.json"):
-            atomic.atomic_write_text(self.out / "summary.json", json.dumps(_strict(summary), indent=2) + "\n")
+            atomic.atomic_write_text(self.out / "summary.json", side_files.seal_summary(_strict(summary)))
         if self.logger is not None and self.hparams is not None:
             with _disk_errors(self.out / "tb"):
                 self.logger.log_summary(self.hparams, _strict(summary))

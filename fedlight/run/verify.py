@@ -1,20 +1,22 @@
 """``fedlight verify RUN_DIR``: a run directory either verifies or says which file is damaged.
 
 Checkpoints (``checkpoints/last.ckpt``, ``checkpoints/prev.ckpt``) and ``final_model.pt`` against their seal (SHA-256,
-:mod:`fedlight.run.atomic`), the per-client state files a checkpoint names against their CRC, ``summary.json`` and
-``config.yaml`` as JSON and YAML, ``metrics.jsonl`` row by row (every round up to the last checkpoint or the summary
-present). Temporary files of a killed write are listed (the next start removes them). Exit status 0: every file
-verifies; 2: at least one is damaged (or the folder is not a run directory).
+:mod:`fedlight.run.atomic`), the per-client state files a checkpoint names against their size and CRC-32 (found in
+this run directory, wherever it was written: :mod:`fedlight.run.client_files`), other client-state files against the
+CRC-32 in their names, ``summary.json`` and ``config.yaml`` against their own SHA-256 (:mod:`fedlight.run.side_files`;
+the summary's round count also against ``metrics.jsonl``), ``metrics.jsonl`` row by row (every round up to the last
+checkpoint or the summary present). Temporary files of a killed write are listed (the next start removes them).
+Exit status 0: every file verifies; 2: at least one is damaged (or the folder is not a run directory).
 """
 
 from __future__ import annotations
 
 import json
-import zlib
 from pathlib import Path
 from typing import Any
 
 from fedlight.errors import ConfigError
+from fedlight.run import client_files, side_files
 from fedlight.run.atomic import check_sealed
 from fedlight.run.files import missing_rounds, read_rows, round_ranges
 
@@ -25,13 +27,23 @@ def check_run(out: Path) -> list[Finding]:
     """What is intact and what is damaged in the run directory ``out``."""
     found: list[Finding] = []
     ckpt = _checkpoints(out, found)
+    _unnamed_client_states(out, found, intact=ckpt is not None)
     if (out / "final_model.pt").exists():
         damage = check_sealed(out / "final_model.pt")
         found.append(("damaged", "final_model.pt", damage) if damage else ("ok", "final_model.pt", ""))
-    summary = _text_file(out, "summary.json", json.loads, found)
-    _text_file(out, "config.yaml", _yaml, found)
-    done = summary.get("rounds_completed") if isinstance(summary, dict) else None
+    sealed = bool(ckpt.get(side_files.MARK)) if ckpt is not None else True  # a run from before the digests: parsed
+    for name in ("summary.json", "config.yaml"):
+        if (out / name).exists():
+            why = side_files.damage(out / name, sealed)
+            found.append(("damaged", name, why) if why else ("ok", name, ""))
+    summary = _summary(out, found)
+    done = summary.get("rounds_completed")
     _metrics(out, done if isinstance(done, int) else int((ckpt or {}).get("round", 0)), ckpt, found)
+    if isinstance(done, int) and ("ok", "metrics.jsonl") in {f[:2] for f in found}:
+        last = max((r["round"] for r in read_rows(out / "metrics.jsonl")[0]), default=0)
+        if last != done:
+            found[[f[1] for f in found].index("summary.json")] = (
+                "damaged", "summary.json", f"it reports {done} rounds and metrics.jsonl {last}: not this run's summary")
     for tmp in sorted([*out.glob(".*.tmp"), *(out / "checkpoints").glob(".*.tmp")]):
         found.append(("leftover", str(tmp.relative_to(out)), "the temporary file of a killed write (removed at the "
                                                              "next start)"))
@@ -54,48 +66,39 @@ def _checkpoints(out: Path, found: list[Finding]) -> dict[str, Any] | None:
             continue
         found.append(("ok", f"checkpoints/{name}", f"(round {ckpt['round']})"))
         newest = newest or ckpt
-        for cid, e in sorted((ckpt.get("store") or {}).get("spilled", {}).items()):
-            _client_state(out, int(cid), e, found)
+        for cid, e in client_files.named(ckpt):
+            _client_state(out, cid, e, found)
     return newest
 
 
 def _client_state(out: Path, cid: int, entry: dict[str, Any], found: list[Finding]) -> None:
-    path = Path(entry["path"])
-    path = path if path.is_file() else out / "client_state" / path.parent.name / path.name
-    rel = str(path.relative_to(out)) if path.is_relative_to(out) else str(path)
+    path = client_files.locate(out, entry["path"])  # inside the run directory, whatever the checkpoint's age
+    rel = str(path.relative_to(out))
     if any(f[1] == rel for f in found):
         return
-    if not path.is_file() or path.stat().st_size != entry["nbytes"]:
-        found.append(("damaged", rel, f"client {cid}'s state is missing or truncated"))
-    elif zlib.crc32(path.read_bytes()) != entry["crc"]:
-        found.append(("damaged", rel, f"client {cid}'s state differs from the one written (CRC-32 mismatch)"))
-    else:
-        found.append(("ok", rel, ""))
+    why = client_files.damage(path, int(entry["nbytes"]), int(entry["crc"]))
+    found.append(("damaged", rel, f"client {cid}'s state: {why}") if why else ("ok", rel, ""))
 
 
-def _text_file(out: Path, name: str, parse, found: list[Finding]) -> Any:
-    path = out / name
-    if not path.exists():
-        return None
-    try:
-        value = parse(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        found.append(("damaged", name, "not UTF-8"))
-        return None
-    except ValueError as e:  # json.JSONDecodeError and yaml.YAMLError (wrapped) are ValueErrors
-        found.append(("damaged", name, f"not {'JSON' if name.endswith('json') else 'YAML'} ({str(e).splitlines()[0]})"))
-        return None
-    found.append(("ok", name, ""))
-    return value
+def _unnamed_client_states(out: Path, found: list[Finding], intact: bool) -> None:
+    """Client-state files no intact checkpoint names, by the CRC-32 their names carry: damaged ones always, every
+    one when no checkpoint is intact (so damaged checkpoints do not hide damaged client states)."""
+    named = {f[1] for f in found}
+    for path in sorted((out / "client_state").glob("rank*/c*.bin")):
+        rel = str(path.relative_to(out))
+        if rel in named:
+            continue
+        why = client_files.self_check(path)
+        if why is not None:
+            found.append(("damaged", rel, why))
+        elif not intact and client_files.NAME.fullmatch(path.name):
+            found.append(("ok", rel, "(by the CRC-32 in its name)"))
 
 
-def _yaml(text: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ValueError(str(e)) from None
+def _summary(out: Path, found: list[Finding]) -> dict[str, Any]:
+    if ("ok", "summary.json") not in {f[:2] for f in found}:
+        return {}
+    return json.loads((out / "summary.json").read_text())
 
 
 def _metrics(out: Path, rounds_done: int, ckpt: dict[str, Any] | None, found: list[Finding]) -> None:
