@@ -51,6 +51,11 @@ def explain(e: BaseException, parser=None) -> str:
     unknown = (_unknown(msg, parser) if parser is not None else None) or _missing_class(msg)
     if unknown:
         return unknown
+    number = re.search(r'Parser key "([^"]+)":\s*Expected a <class \'(float|int)\'>\. Got value: (\S+)', msg)
+    if number:  # YAML reads `nan`, `inf` and typos as strings
+        key, kind, got = number.groups()
+        finite = "a finite " if re.fullmatch(r"[+-]?\.?(nan|inf|infinity)", got, re.I) else "a "
+        return f"`{key}` must be {finite}{'number' if kind == 'float' else 'whole number'}, got {got}"
     keys = re.findall(r'Parser key "([^"]+)"', msg)
     reasons = [ln.strip() for ln in msg.splitlines() if "Got value" in ln or "not accepted" in ln]
     if len(keys) > 1 and reasons:

@@ -109,6 +109,9 @@ def _check_recipe(path: str, current: dict[str, type | None], named: set[str]) -
 
     try:
         recipe = yaml.safe_load(Path(path).read_text())
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"`--config` {path} is not a text recipe (byte {e.start} is not UTF-8); pass a YAML file "
+                          "such as recipes/fedavg_mlp_fmnist_dir0.1.yaml") from None
     except (OSError, yaml.YAMLError):
         return  # jsonargparse reports it
     if not isinstance(recipe, dict):

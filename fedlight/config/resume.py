@@ -82,8 +82,11 @@ def check_existing(out: Path, resume: str | None, overwrite: bool) -> bool | str
     if not overwrite:
         raise ConfigError(f"`out_dir` {out} already holds a run; pass `--resume auto` to continue it, "
                           "`--overwrite true` to start over, or choose another `--out_dir`")
-    if not any((out / f).exists() for f in RUN_FILES):
-        raise ConfigError(f"`overwrite` refuses to clear {out}: it does not look like a fedlight run directory")
+    if not any((out / f).exists() for f in ("config.yaml", "checkpoints/last.ckpt", "checkpoints/prev.ckpt")):
+        held = ", ".join(sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)[:6])
+        raise ConfigError(f"`overwrite` refuses to clear {out}: it holds no config.yaml and no checkpoint of a "
+                          f"fedlight run ({held}), so its files may be another program's; remove them yourself or "
+                          "choose another `--out_dir`")
     return True
 
 

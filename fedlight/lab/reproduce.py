@@ -195,7 +195,7 @@ def shrink_overrides(text: str | None, spec: dict[str, Any], cell: Cell) -> dict
     for item in filter(None, (text or "").split(",")):
         check("=" in item, f"`--shrink` takes key=value pairs, got {item!r}")
         k, v = item.split("=", 1)
-        out[SHRINK_KEYS.get(k.strip(), k.strip())] = yaml.safe_load(v)
+        out[_shrink_key(k.strip())] = yaml.safe_load(v)
     data = yaml.safe_load(base_path(spec).read_text()).get("data") or {}
     for k, v in cell.overrides.items():
         if k == "data" and isinstance(v, dict) and "class_path" in v:
@@ -203,6 +203,32 @@ def shrink_overrides(text: str | None, spec: dict[str, Any], cell: Cell) -> dict
     mod, _, name = data.get("class_path", "").rpartition(".")
     params = _init_params(getattr(__import__(mod, fromlist=[name]), name)) if mod else set()
     return {k: v for k, v in out.items() if not k.startswith("data.init_args.") or k.split(".")[2] in params}
+
+
+def _shrink_key(key: str) -> str:
+    """The ``fedlight fit`` setting a ``--shrink`` key names; one fit does not take is refused here, before any run
+    starts (else every run would fail with it)."""
+    import dataclasses
+    import inspect
+
+    from fedlight.config.api import fit
+    from fedlight.core.loop_config import LoopConfig
+    from fedlight.core.registry import closest
+
+    if key in SHRINK_KEYS:
+        return SHRINK_KEYS[key]
+    top, _, rest = key.partition(".")
+    tops = [n for n in inspect.signature(fit).parameters if not n.startswith("_")]
+    loops = [f"loop.{f.name}" for f in dataclasses.fields(LoopConfig)]
+    known = [*SHRINK_KEYS, *tops, *loops]
+    bad = top not in tops or (top == "loop" and f"loop.{rest.split('.')[0]}" not in loops) or \
+        (top in ("model", "data", "algorithm") and rest.split(".")[0] != "init_args")
+    if bad:
+        near = next((f"; did you mean {k!r}?" for k in loops if k == f"loop.{key}"), "") or closest(key, known)
+        raise ConfigError(f"`--shrink`: {key!r} is not a setting of `fedlight fit`{near} (short keys: "
+                          f"{', '.join(SHRINK_KEYS)}; else a dotted key such as loop.eval_every or "
+                          "data.init_args.subset)")
+    return key
 
 
 def _init_params(cls: type) -> set[str]:

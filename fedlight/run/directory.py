@@ -88,9 +88,33 @@ def check_out_dir(out: Path) -> None:
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
         raise ConfigError(f"`out_dir` {out} cannot be created: {probe} is a file; choose another `--out_dir`")
+    virtual = _virtual_fs(probe)
+    if virtual is not None:
+        raise ConfigError(f"`out_dir` {out} is on {virtual}, a kernel file system that cannot hold files; choose "
+                          "another `--out_dir`")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"`out_dir` {out} is not writable ({probe} is read-only or not yours); choose another "
                           "`--out_dir`")
+
+
+VIRTUAL_FS = {"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs",
+              "pstore", "bpf", "configfs", "fusectl", "mqueue", "binfmt_misc", "autofs", "efivarfs"}
+
+
+def _virtual_fs(path: Path) -> str | None:
+    """The kernel file system (``proc``, ``sysfs``, ...) ``path`` lies on, from ``/proc/self/mounts``; ``None``: a
+    real one (or unknown)."""
+    try:
+        real = os.path.realpath(path)
+        mounts = [line.split()[1:3] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except (OSError, IndexError, ValueError):
+        return None
+    best = ("", "")
+    for point, kind in mounts:
+        point = point.replace("\\040", " ")
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best[0]):
+            best = (point, kind)
+    return f"{best[0]} ({best[1]})" if best[1] in VIRTUAL_FS else None
 
 
 class RunLock:

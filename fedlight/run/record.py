@@ -22,7 +22,6 @@ import contextlib
 import errno
 import json
 import math
-import shutil
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,6 +30,7 @@ from typing import Any
 
 from fedlight.run import atomic, faults, side_files
 from fedlight.run import files as records
+from fedlight.run.cleanup import clear
 from fedlight.run.console import Progress, RoundWatch
 from fedlight.run.directory import RunLock
 
@@ -269,13 +269,3 @@ def _strict(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_strict(v) for v in obj]
     return obj
-
-
-def clear(out: Path) -> None:
-    """Remove a previous run's files from ``out`` (``--overwrite true``)."""
-    for f in RUN_FILES:
-        p = out / f
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
