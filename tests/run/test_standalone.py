@@ -146,13 +146,14 @@ def _both_checkpoints_and_three_states(out):
 
 @pytest.mark.parametrize(("damage", "expected"), [
     (_edit_lr, ["config.yaml: its content differs from the one written (SHA-256 mismatch)"]),
+    (lambda out: (out / "config.yaml").write_text("ÿ"), ["config.yaml: it carries no digest"]),  # valid YAML
     (lambda out: (out / "config.yaml").write_bytes(b"\xff"), ["config.yaml: not UTF-8"]),
     (lambda out: (out / "summary.json").write_text('{"final_test_acc": 0.99}\n'),
      ["summary.json: it carries no digest (edited, or not written by fedlight)"]),
     (lambda out: _flip(out / _named(out, "last.ckpt")[min(_named(out, "last.ckpt"))]),
      ["client_state/rank0/c"]),
     (_both_checkpoints_and_three_states, None),
-], ids=["config-edited", "config-garbage", "summary-replaced", "client-state", "both-checkpoints"])
+], ids=["config-edited", "config-garbage", "config-binary", "summary-replaced", "client-state", "both-checkpoints"])
 def test_verify_names_each_damage(damage, expected, finished, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(finished, out)
@@ -169,7 +170,7 @@ def test_verify_names_each_damage(damage, expected, finished, tmp_path, capsys):
         assert len(bad) == 1 and bad[0].startswith(expected[0]), lines
 
 
-@pytest.mark.parametrize("damage", [_edit_lr, lambda out: (out / "config.yaml").write_bytes(b"\xff")],
+@pytest.mark.parametrize("damage", [_edit_lr, lambda out: (out / "config.yaml").write_text("ÿ")],
                          ids=["edited", "garbage"])
 def test_a_damaged_config_is_rewritten_at_resume_with_a_note(damage, finished, tmp_path, capsys):
     out = tmp_path / "run"
