@@ -266,3 +266,26 @@ def test_states_without_tensor_bytes(tmp_path):
     store.put(1, {"step": 3, "empty": torch.zeros(0, 5)})
     got = store.get(1, "cpu")
     assert got["step"] == 3 and got["empty"].shape == (0, 5)
+
+
+def test_a_checkpoint_names_files_relative_to_the_run_directory_and_an_old_absolute_one_reads_inside_it(tmp_path):
+    """A copied run directory reads its own files, also from a checkpoint of an older fedlight that named them by
+    absolute path into the original, and deletes nothing outside itself."""
+    run = tmp_path / "run"
+    store = ClientStateStore()
+    store.use_folder(run / "client_state" / "rank0", root=run)
+    store.put(7, rich_state(7))
+    d = _save_load(store.state_dict())
+    assert d["spilled"][7]["path"].startswith("client_state/rank0/c7-")
+    old = {**d, "spilled": {7: {**d["spilled"][7], "path": str(run / d["spilled"][7]["path"])}}}  # older format
+    before = sorted(os.listdir(run / "client_state" / "rank0"))
+    for i, ckpt in enumerate((d, old)):
+        copy = shutil.copytree(run, tmp_path / f"copy{i}")
+        again = ClientStateStore()
+        again.use_folder(copy / "client_state" / "rank0", root=copy)
+        again.load_state_dict(ckpt)
+        assert again._disk[7]["path"].parent == copy / "client_state" / "rank0"
+        assert bitwise_equal(again.get(7, "cpu"), rich_state(7))
+        again.put(7, rich_state(8))
+        again.state_dict(), again.state_dict(), again.state_dict()  # the superseded file is collected in the copy
+    assert sorted(os.listdir(run / "client_state" / "rank0")) == before
