@@ -90,8 +90,8 @@ def check_out_dir(out: Path) -> None:
         raise ConfigError(f"`out_dir` {out} cannot be created: {probe} is a file; choose another `--out_dir`")
     virtual = _virtual_fs(probe)
     if virtual is not None:
-        raise ConfigError(f"`out_dir` {out} is on {virtual}, a kernel file system that cannot hold files; choose "
-                          "another `--out_dir`")
+        raise ConfigError(f"`out_dir` {out} cannot be used: it is on {virtual}, a kernel file system that cannot "
+                          "hold a run's files; choose another `--out_dir`")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"`out_dir` {out} is not writable ({probe} is read-only or not yours); choose another "
                           "`--out_dir`")

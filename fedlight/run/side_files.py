@@ -17,6 +17,7 @@ TAG = "# fedlight-sha256: "
 KEY = "fedlight_sha256"
 MARK = "sealed_side_files"
 """The checkpoint key saying the run seals its config.yaml and summary.json."""
+UNSEALED = "it carries no digest (edited, or not written by fedlight)"
 
 
 def _sha(text: str) -> str:
@@ -55,13 +56,13 @@ def damage(path: Path, sealed: bool = True) -> str | None:
         if not isinstance(value, dict):
             return "not a summary (a JSON object)"
         if KEY not in value:
-            return "it carries no digest (edited, or not written by fedlight)" if sealed else None
+            return UNSEALED if sealed else None
         body = {k: v for k, v in value.items() if k != KEY}
         ok = value[KEY] == _sha(json.dumps(body, indent=2, allow_nan=False))
         return None if ok else "its content differs from the one written (SHA-256 mismatch)"
     head, tag, digest = text.rpartition(TAG)
     if not tag:
-        return _yaml_damage(text) or ("it carries no digest (edited, or not written by fedlight)" if sealed else None)
+        return _yaml_damage(text) or (UNSEALED if sealed else None)
     if "\n" in digest.rstrip("\n") or digest.strip() != _sha(head):
         return "its content differs from the one written (SHA-256 mismatch)"
     return None

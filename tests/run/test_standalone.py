@@ -221,7 +221,7 @@ def _binary(tmp_path):
 @pytest.mark.parametrize(("argv", "message"), [
     (_binary, "fedlight fit: error: `--config` {tmp}/bin.yaml is not a text recipe (byte 0 is not UTF-8)"),
     (lambda tmp: ["fit", "--config", TINY, "--out_dir", "/proc/self/fd"],
-     "fedlight fit: error: `out_dir` /proc/self/fd is on /proc (proc), a kernel file system that cannot hold files"),
+     "fedlight fit: error: `out_dir` /proc/self/fd cannot be used: it is on /proc (proc), a kernel file system"),
     (lambda tmp: ["fit", "--config", TINY, "--out_dir", str(tmp / "o"), "--loop.lr", "nan"],
      "fedlight fit: error: `loop.lr` must be a finite number, got nan"),
     (lambda tmp: ["reproduce", str(Path(__file__).parents[2] / "recipes" / "tables" / "fedadamw_table1.yaml"),
