@@ -38,7 +38,8 @@ def check_run(out: Path) -> list[Finding]:
             found.append(("damaged", name, why) if why else ("ok", name, ""))
     summary = _summary(out, found)
     done = summary.get("rounds_completed")
-    _metrics(out, done if isinstance(done, int) else int((ckpt or {}).get("round", 0)), ckpt, found)
+    fallback = done if isinstance(done, int) else 0  # the sealed checkpoint says how many rounds, else the summary
+    _metrics(out, int(ckpt["round"]) if ckpt is not None else fallback, ckpt, found)
     if isinstance(done, int) and ("ok", "metrics.jsonl") in {f[:2] for f in found}:
         last = max((r["round"] for r in read_rows(out / "metrics.jsonl")[0]), default=0)
         if last != done:

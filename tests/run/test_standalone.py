@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedlight.config.cli import main
-from fedlight.run import directory, faults
+from fedlight.run import directory, faults, side_files
 
 TINY = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
 
@@ -72,6 +72,7 @@ def test_a_copied_then_moved_run_resumes_bitwise_on_its_own_files_and_leaves_the
     shutil.copytree(original, copy)
     assert _fit(copy, 3, "--resume", "auto") == 0
     assert _tree(original) == before  # nothing written or deleted outside the copy
+    assert main(["verify", str(copy)]) == 0
     assert all(not Path(p).is_absolute() for p in _named(copy, "last.ckpt").values())
     assert all((copy / p).is_file() for p in _named(copy, "last.ckpt").values())
     shutil.rmtree(original)
@@ -150,10 +151,14 @@ def _both_checkpoints_and_three_states(out):
     (lambda out: (out / "config.yaml").write_bytes(b"\xff"), ["config.yaml: not UTF-8"]),
     (lambda out: (out / "summary.json").write_text('{"final_test_acc": 0.99}\n'),
      ["summary.json: it carries no digest (edited, or not written by fedlight)"]),
+    (lambda out: (out / "summary.json").write_text(side_files.seal_summary(
+        {**json.loads((out / "summary.json").read_text()), "rounds_completed": 5})),
+     ["summary.json: it reports 5 rounds and metrics.jsonl 2: not this run's summary"]),
     (lambda out: _flip(out / _named(out, "last.ckpt")[min(_named(out, "last.ckpt"))]),
      ["client_state/rank0/c"]),
     (_both_checkpoints_and_three_states, None),
-], ids=["config-edited", "config-garbage", "config-binary", "summary-replaced", "client-state", "both-checkpoints"])
+], ids=["config-edited", "config-garbage", "config-binary", "summary-replaced", "summary-other-run", "client-state",
+        "both-checkpoints"])
 def test_verify_names_each_damage(damage, expected, finished, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(finished, out)
