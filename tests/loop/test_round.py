@@ -70,6 +70,7 @@ def test_run_record(tmp_path):
     for key in ("round", "lr", "train_loss", "round_time_s", "bytes_up", "bytes_down", "test_acc", "test_loss"):
         assert key in rows[-1], key
     summary = json.loads((out / "summary.json").read_text())
+    assert len(summary.pop("fedlight_sha256")) == 64  # summary.json: the returned summary and its digest
     assert summary == json.loads(json.dumps(s))
     for key in ("final_test_acc", "best_test_acc", "best_round", "rounds_completed", "rounds_to_target",
                 "wall_time_s", "seconds_per_round", "bytes_up", "bytes_down", "versions"):
