@@ -51,12 +51,19 @@ def read_curve(run: Path) -> list[dict[str, Any]]:
 
 
 def read_summary(run: Path) -> dict[str, Any] | None:
-    """``run/summary.json`` (``None``: absent or damaged, as for a run that has not finished)."""
+    """``run/summary.json`` (``None``: absent or damaged, as for a run that has not finished). A run whose
+    ``config.yaml`` carries its digest wrote a sealed summary: one edited or replaced is damaged."""
+    from fedlight.run import side_files
+
     try:
         summary = json.loads((run / "summary.json").read_bytes().decode("utf-8"))
     except (OSError, ValueError):
         return None
-    return summary if isinstance(summary, dict) else None
+    config = run / "config.yaml"
+    sealed = config.is_file() and side_files.TAG.encode() in config.read_bytes()
+    if not isinstance(summary, dict) or side_files.damage(run / "summary.json", sealed) is not None:
+        return None
+    return summary
 
 
 def revision(summary: dict[str, Any] | None) -> str | None:

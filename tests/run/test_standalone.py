@@ -239,3 +239,13 @@ def test_bad_input_is_one_line_exit_2(argv, message, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(message.format(tmp=tmp_path)), err
     assert not (tmp_path / "o").exists() and not (tmp_path / "t").exists()
+
+
+def test_tables_do_not_take_a_replaced_summary(finished, tmp_path):
+    from fedlight.lab import report
+
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    assert report.finished(out) and report.read_summary(out)["rounds_completed"] == 2
+    (out / "summary.json").write_text('{"final_test_acc": 0.99, "rounds_completed": 2}\n')
+    assert report.read_summary(out) is None and not report.finished(out)  # `reproduce` finishes it again
