@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlight.runners.base import TrainSetup
-from fedlight.runners.stacked import StackedForward, StackedRunner
+from fedlight.runners.forward import StackedForward, input_hooks
+from fedlight.runners.stacked import StackedRunner
 
 
 @torch.library.custom_op("fedlight::stacked_conv2d", mutates_args=())
@@ -103,15 +104,25 @@ def channels_last_convs(modules: list[nn.Conv2d]):
             del m._conv_forward
 
 
+def _contiguous(x: Tensor) -> Tensor:
+    return x.contiguous()
+
+
 class ChannelsLastForward(StackedForward):
-    """The stacked loss with every zero-padded ``Conv2d`` convolving channels-last (see the module docstring)."""
+    """The stacked loss with every zero-padded ``Conv2d`` convolving channels-last (see the module docstring).
+
+    BatchNorm gets its input copied to the default layout: CUDA's batch norm asks an input whose strides look
+    channels-last whether it is channels-last contiguous, and under vmap that question is not implemented ("NYI:
+    querying is_contiguous inside of vmap for memory_format other than torch.contiguous_format", issue 42). The
+    copy costs one pass over the activations per BatchNorm layer (the GroupNorm models the route is for pay none).
+    """
 
     def __init__(self, model: nn.Module, fabric, compile: bool | str = False) -> None:
         super().__init__(model, fabric, compile)
         self.convs = [m for m in model.modules() if _swappable(m)]
 
     def __call__(self, params, buffers, batch, objective) -> Tensor:
-        with channels_last_convs(self.convs):
+        with channels_last_convs(self.convs), input_hooks(self.norms, _contiguous):
             return super().__call__(params, buffers, batch, objective)
 
 
