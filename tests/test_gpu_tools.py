@@ -116,3 +116,20 @@ def test_inline():
     assert cuda_only_tests(stale) == ["test_old", "test_inline"]  # the guard bites on the old form
     assert cuda_only_tests("import pytest\npytestmark = pytest.mark.skipif(not HAVE_CUDA, reason='x')\n"
                            "def test_a(device):\n    pass\n") == ["test_a"]
+
+
+def test_anchor_step_keeps_nothing_a_cuda_graph_produced():
+    """Issue 42, anchor (b): the gradients (outputs of the backward graph) were kept as ``.grad`` into the next
+    replay, which overwrote them. The step leaves no gradient behind, and it trains."""
+    import torch
+
+    from fedlight.lab.bench import Workload
+    from fedlight.lab.bench_routes import single_model_step
+
+    w = Workload("lenet5", clients=2, steps=2, batch=4)
+    step, model = single_model_step(w, torch.device("cpu"), 4, graphs=True)
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(2):
+        step()
+        assert all(p.grad is None for p in model.parameters())
+    assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))

@@ -216,12 +216,23 @@ def main(argv: list[str] | None = None) -> int:
     except stops.StoppedAtStart as e:  # during start-up (the rounds raise Stopped inside _main)
         print(f"fedlight: {e.stopped}", file=sys.stderr, flush=True)
         status = e.stopped.status
-    if status in STOP_STATUSES and argv is None:  # the program: every file is closed, the stop line printed;
-        sys.stdout.flush()  # stop signals stay ignored, and it leaves at once
-        sys.stderr.flush()
-        os._exit(status)  # (the interpreter's own teardown takes seconds)
+    if argv is None and (status in STOP_STATUSES or sys.argv[1:2] == ["fit"]):
+        leave(status)
     stops.restore(previous)  # called from Python: the caller's handlers again
     return status
+
+
+def leave(status: int) -> None:
+    """The program's exit once its work is done: every file of the run is closed and the summary (or the stop line)
+    printed, so nothing is left for the interpreter's teardown but other libraries' exit handlers, and those can
+    take seconds. Stop signals stay ignored until then (a stop). The one that lingered after a compiled run on a GPU
+    machine (issue 42): inductor's ``atexit`` handler ``shutdown_compile_workers`` sends its compile-worker sidecar
+    (``SubprocPool``, a process holding a pool of ``compile_threads`` = min(32, CPU count) workers, 16 there) the
+    shutdown message and waits up to 300 s for it to take its pool down. Leaving with ``os._exit`` skips the wait;
+    the sidecar and its workers see their parent gone and exit by themselves."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -48,26 +48,40 @@ def _compile_kw(compile: bool | str, dev: torch.device, smoke_backend: str) -> d
     return {"mode": compile} if isinstance(compile, str) else {}
 
 
-def single_model_pass(w, dev: torch.device, steps: int, batch: int, graphs: bool, smoke_backend: str = "aot_eager",
-                      warmup: int = 3) -> float:
-    """Seconds for ``steps`` compiled bf16 channels-last SGD steps of one ``w.model()`` at ``batch`` (timed after
-    ``warmup`` steps, which compile)."""
+def single_model_step(w, dev: torch.device, batch: int, graphs: bool, smoke_backend: str = "aot_eager"):
+    """One compiled bf16 channels-last SGD step of one ``w.model()`` at ``batch`` (the anchor's unit of work), and
+    the model. With ``graphs`` the model's forward and backward run as CUDA graphs (``reduce-overhead``); the
+    optimizer step is compiled without graphs.
+
+    Nothing a graph produced outlives the step (issue 42: anchor (b) died with "accessing tensor output of CUDAGraphs
+    that has been overwritten by a subsequent run"): the gradients are outputs of the backward graph, and
+    ``zero_grad(set_to_none=False)`` kept them as ``.grad`` into the next replay, which overwrote them while
+    autograd accumulated into them. They are set to ``None`` after each step, the loss is never kept, and each step
+    begins a new graph generation."""
     model = w.model().to(dev).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=w.lr, weight_decay=w.weight_decay)
-    kw = _compile_kw("reduce-overhead" if graphs else True, dev, smoke_backend)
-    fwd = torch.compile(model, dynamic=False, **kw)
-    opt_step = torch.compile(opt.step, dynamic=False, **kw)
+    fwd = torch.compile(model, dynamic=False, **_compile_kw("reduce-overhead" if graphs else True, dev, smoke_backend))
+    opt_step = torch.compile(opt.step, dynamic=False, **_compile_kw(True, dev, smoke_backend))
     g = torch.Generator(device=dev).manual_seed(w.seed)
     x = torch.randn(batch, *w.shape, device=dev, generator=g).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, w.num_classes, (batch,), device=dev, generator=g)
 
     def step():
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(dev.type, dtype=torch.bfloat16):
             loss = F.cross_entropy(fwd(x), y)
         loss.backward()
         opt_step()
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad(set_to_none=True)
 
+    return step, model
+
+
+def single_model_pass(w, dev: torch.device, steps: int, batch: int, graphs: bool, smoke_backend: str = "aot_eager",
+                      warmup: int = 3) -> float:
+    """Seconds for ``steps`` steps of :func:`single_model_step` (timed after ``warmup`` steps, which compile)."""
+    step, _ = single_model_step(w, dev, batch, graphs, smoke_backend)
     return seconds(step, dev, steps, warmup)
 
 
