@@ -89,11 +89,14 @@ def _swappable(m: nn.Module) -> bool:
 
 
 @contextmanager
-def channels_last_convs(modules: list[nn.Conv2d]):
-    """Within the block, ``modules`` convolve through :func:`stacked_conv2d`."""
+def channels_last_convs(modules: list[nn.Conv2d], op=None):
+    """Within the block, ``modules`` convolve through ``op`` (default :func:`stacked_conv2d`; an operator with its
+    signature and a batching rule of its own)."""
+    op = op or stacked_conv2d
+
     def conv(m):
         stride, padding, dilation = list(m.stride), list(m.padding), list(m.dilation)
-        return lambda x, w, b: stacked_conv2d(x, w, b, stride, padding, dilation, m.groups)
+        return lambda x, w, b: op(x, w, b, stride, padding, dilation, m.groups)
 
     for m in modules:
         m._conv_forward = conv(m)
