@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -47,19 +46,28 @@ def test_gpu_check_smoke_runs_every_new_path(tmp_path):
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {"paths_log.txt", "lora_log.txt", "lora.json"}
 
 
-def test_gpu_profile_smoke_anchor_and_routes(tmp_path):
-    out = _run([sys.executable, "tools/gpu_profile.py", "--smoke", "--sections", "anchor,routes", "--routes",
-                "stacked+channels_last,streams"], tmp_path)  # the compiled default is tested in tests/loop
+def test_gpu_check_routes_smoke_measures_every_route_of_the_call_and_prints_the_table(tmp_path):
+    from fedlight.lab.bench_routes import FIRST_CALL
+
+    out = _run(["bash", "tools/gpu_check.sh", "--routes", "--smoke"], tmp_path)
+    assert "done: 0 step(s) failed" in out
     a = _number(r"\(a\) ([\d.]+) s", out)
     b = _number(r"\(b\) ([\d.]+) s", out)
     assert a > 0 and abs(b / a - _number(r"\(b\) [\d.]+ s = ([\d.]+) x \(a\)", out)) <= 0.05 * b / a + 0.02
-    for route, runner in (("stacked+channels_last", "stacked, channels-last, compiled"), ("streams", "streams, eager")):
-        s = _number(rf"routes: {re.escape(route)} \[{runner}[^\]]*\]: ([\d.]+) s/round", out)
+    runners = {"stacked+graphs": "stacked, compiled",
+               "stacked+channels_last+graphs": "stacked, channels-last, compiled",
+               "stacked+graphs+bmm": "stacked, compiled, bmm from 1 channels",
+               "stacked+graphs+halves": "stacked, compiled, two halves on two streams", "stacked": "stacked, compiled"}
+    for route in FIRST_CALL:
+        s = _number(rf"routes: {re.escape(route)} \[{re.escape(runners[route])}\]: ([\d.]+) s/round", out)
         ratio = _number(rf"routes: {re.escape(route)} \[.*?\]: [\d.]+ s/round, ([\d.]+) x \(a\)", out)
         assert abs(ratio - s / a) <= 0.05 * ratio + 0.02  # printed values are rounded
-        assert f"routes: {route} [" in out and "fallbacks 0" in out.split(f"routes: {route} [")[1].splitlines()[0]
-    # bf16 rounds from the same start: the routes agree up to bf16 rounding
-    assert _number(r"routes: streams .* vs first route (\S+)", out) < 1e-2
+        assert "fallbacks 0" in out.split(f"routes: {route} [")[1].splitlines()[0]
+        row = _number(rf"\| {re.escape(route)} \| [^|]+ \| [\d.]+ \| ([\d.]+) \| [\d.]+ % \|", out)  # the table
+        assert abs(row - ratio) <= 0.011
+        # bf16 rounds from the same start: the routes agree up to bf16 rounding
+        assert _number(rf"routes: {re.escape(route)} .* vs first route (\S+)", out) < 1e-2
+    assert "| anchor (a) | one model |" in out and re.search(r"profile: \S+: wall [\d.]+ s", out)
 
 
 def cuda_only_tests(source: str) -> list[str]:

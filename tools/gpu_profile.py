@@ -20,9 +20,10 @@ Sections, each printed as soon as it is measured (a timeout keeps what came befo
 6. ``anchor`` (issue 31): the round's 25,000 images through one ResNet-18 (GroupNorm, bf16, compiled,
    channels-last): (a) 50 steps at batch 500, (b) 500 steps at batch 50 with CUDA graphs
    (:mod:`fedlight.lab.bench_routes`). Later sections print the round as a ratio to (a).
-7. ``routes`` (issue 31): FedAvg rounds under each client route (``--routes``; default every one of
-   ``fedlight.lab.bench_routes.ROUTES``): s/round, ratio to (a), first round, MFU, peak memory, fallbacks, and the
-   model after round 0 against the first route's.
+7. ``routes`` (issues 31, 42): FedAvg rounds under each client route (``--routes``; default
+   ``fedlight.lab.bench_routes.FIRST_CALL``, any of ``ROUTES``): s/round, ratio to (a), first round, MFU, peak
+   memory, fallbacks, and the model after round 0 against the first route's; then the table of them all and one
+   profiled round of the fastest (its costliest kernels).
 
 The route comparison of a GPU session: ``python tools/gpu_profile.py --sections anchor,routes`` (about 5 minutes on
 an H100, mostly compilation). ``--smoke`` runs the anchor and routes sections on LeNet-5 with the ``aot_eager``
@@ -42,7 +43,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fedlight.lab.bench_routes import MEASURED, ROUTES, anchor, routes, seconds  # noqa: E402
+from fedlight.lab.bench_routes import FIRST_CALL, MEASURED, ROUTES, anchor, routes, seconds  # noqa: E402
 
 
 def _sync(dev: torch.device) -> None:
@@ -236,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks the script, numbers meaningless")
     p.add_argument("--sections", default="round,conv,graphs")
     p.add_argument("--procs", default="1,2,4", help="procs section: process counts to try")
-    p.add_argument("--routes", default=",".join(ROUTES), help="routes section: routes to compare, in this order")
+    p.add_argument("--routes", default=",".join(FIRST_CALL),
+                   help=f"routes section: routes to compare, in this order (of {', '.join(ROUTES)})")
     p.add_argument("--rounds", type=int, default=3, help="routes section: timed rounds per route")
     a = p.parse_args(argv)
     dev = "cpu" if a.smoke else "cuda"
