@@ -46,7 +46,7 @@ else
   [ $ROUTES = 1 ] && routes ""
   el "cuda tests"
   timeout ${TEST_S:-150} python3 -m pytest -q -x tests/loop/test_runners.py tests/loop/test_runner_routes.py \
-    -k "cuda or compiled_stacked" -p no:cacheprovider > "$OUT/cuda_tests.txt" 2>&1; step $?; tail -3 "$OUT/cuda_tests.txt"
+    -k cuda -p no:cacheprovider > "$OUT/cuda_tests.txt" 2>&1; step $?; tail -3 "$OUT/cuda_tests.txt"
 fi
 el "paths"
 timeout ${PATHS_S:-120} python3 tools/gpu_paths.py $SM > "$OUT/paths_log.txt" 2>&1; step $?
