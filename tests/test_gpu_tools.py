@@ -68,6 +68,7 @@ def test_gpu_check_routes_smoke_measures_every_route_of_the_call_and_prints_the_
         # bf16 rounds from the same start: the routes agree up to bf16 rounding
         assert _number(rf"routes: {re.escape(route)} .* vs first route (\S+)", out) < 1e-2
     assert "| anchor (a) | one model |" in out and re.search(r"profile: \S+: wall [\d.]+ s", out)
+    assert "wgrad: triton: needs CUDA" in out and _number(r"wgrad: .* rel\. error dW (\S+),", out) < 1e-5
 
 
 def cuda_only_tests(source: str) -> list[str]:

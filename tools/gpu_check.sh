@@ -12,9 +12,9 @@
 #      (it must exit right after its summary: the seconds from summary to exit are printed);
 #   5. only with BENCH=1: `tools/bench.py --gpu` (every seed rule and runner; measured in results/performance.md §6).
 # The route comparison is the SECOND call: `bash tools/gpu_check.sh --routes` (same setup, then
-# `tools/gpu_profile.py --sections anchor,routes --rounds 2` under ROUTES_S, default 420 s: anchor (a) and (b), the
-# routes of fedlight.lab.bench_routes.FIRST_CALL one line each as measured, then the route table (ratio to (a), MFU)
-# and a profile of the fastest route's round).
+# `tools/gpu_profile.py --sections anchor,routes,wgrad --rounds 2` under ROUTES_S, default 420 s: anchor (a) and (b),
+# the routes of fedlight.lab.bench_routes.FIRST_CALL one line each as measured, then the route table (ratio to (a),
+# MFU) and a profile of the fastest route's round; last, the grouped weight gradient in Triton against cuDNN).
 # Layout: an ignored folder .gpu/ in the checkout holding whl/ (jsonargparse, docstring-parser, typeshed-client
 # wheels for the GPU machine's Python) and data/cifar10-jpeg (../shared/tools/make_cifar10_subset.sh .gpu/data 1000).
 # Run from the project root: `bash tools/gpu_check.sh` (carry .gpu). VARIANTS, *_S timeouts, ROUNDS override.
@@ -28,8 +28,8 @@ T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 FAILED=0; step() { local rc=$1; echo "rc=$rc"; [ "$rc" = 0 ] || FAILED=$((FAILED + 1)); }
 routes() {  # $1: extra options of tools/gpu_profile.py
   el "routes"
-  timeout ${ROUTES_S:-420} python3 tools/gpu_profile.py --sections anchor,routes --rounds 2 $1 > "$OUT/routes_log.txt" 2>&1
-  step $?; grep "^anchor:\|^routes:\|^profile:\|^|\|^\[" "$OUT/routes_log.txt" | cut -c1-400
+  timeout ${ROUTES_S:-420} python3 tools/gpu_profile.py --sections anchor,routes,wgrad --rounds 2 $1 > "$OUT/routes_log.txt" 2>&1
+  step $?; grep "^anchor:\|^routes:\|^profile:\|^wgrad:\|^|\|^\[" "$OUT/routes_log.txt" | cut -c1-400
   el "done: $FAILED step(s) failed"; [ $FAILED = 0 ]; exit
 }
 if [ $SMOKE = 1 ]; then

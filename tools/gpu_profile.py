@@ -168,6 +168,18 @@ class _WgradBmm(torch.autograd.Function):
         return gx, torch.bmm(g, cols).view(n_out, n_in, 3, 3), None
 
 
+class _WgradTriton(_WgradBmm):
+    """The same, the weight gradient from :func:`fedlight.lab.triton_wgrad.grouped_wgrad` (issue 42)."""
+
+    @staticmethod
+    def backward(ctx, gy):
+        from fedlight.lab.triton_wgrad import grouped_wgrad
+
+        xg, w = ctx.saved_tensors
+        gx = torch.nn.grad.conv2d_input(xg.shape, w, gy, padding=1, groups=ctx.C)
+        return gx, grouped_wgrad(xg, gy.contiguous(), ctx.C).to(w.dtype), None
+
+
 def wgrad_section(C: int, B: int, dev: str, reps: int, sizes) -> None:
     d = torch.device(dev)
     dt = torch.bfloat16 if d.type == "cuda" else torch.float32
@@ -185,6 +197,15 @@ def wgrad_section(C: int, B: int, dev: str, reps: int, sizes) -> None:
         mine = _ms(lambda: _WgradBmm.apply(xg, w, C).float().square().mean().backward(), d, reps)
         print(f"wgrad: C={C} B={B} {ch}ch {hw}x{hw}: cudnn grouped {cudnn:.2f} ms, wgrad-as-bmm {mine:.2f} ms "
               f"(x{mine / cudnn:.2f}); rel. error dW {err:.1e}, dX {errx:.1e}", flush=True)
+        if d.type != "cuda":
+            print("wgrad: triton: needs CUDA (checked on CPU by tests/loop/test_route_candidates.py)", flush=True)
+            continue
+        xg.grad = w.grad = None
+        _WgradTriton.apply(xg, w, C).float().square().mean().backward()
+        err = ((w.grad.float() - gw.float()).norm() / gw.float().norm()).item()
+        tri = _ms(lambda: _WgradTriton.apply(xg, w, C).float().square().mean().backward(), d, reps)
+        print(f"wgrad: C={C} B={B} {ch}ch {hw}x{hw}: cudnn grouped {cudnn:.2f} ms, wgrad in Triton {tri:.2f} ms "
+              f"(x{tri / cudnn:.2f}); rel. error dW {err:.1e}", flush=True)
 
 
 def graphs_section(w, dev: str) -> None:

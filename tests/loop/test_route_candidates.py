@@ -51,3 +51,25 @@ def test_bmm_rule_matches_the_grouped_convolution_with_stride_bias_and_autocast(
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = vmap(lambda a, c: rc.stacked_conv2d_bmm(a, c, None, [1, 1], [1, 1], [1, 1], 1))(x.float(), w.float())
     assert y.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_triton_grouped_weight_gradient_equals_autograd_in_the_interpreter(stride, monkeypatch):
+    """The Triton candidate (issue 42), run by Triton's interpreter on the CPU: the grouped convolution's weight
+    gradient of 2 clients, 3×3, padded, odd sizes (masked tails in every block)."""
+    import importlib
+    import sys
+
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    sys.modules.pop("fedlight.lab.triton_wgrad", None)
+    tw = importlib.import_module("fedlight.lab.triton_wgrad")
+    g = torch.Generator().manual_seed(0)
+    xg = torch.randn(3, 2 * 5, 7, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2 * 6, 5, 3, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    y = nn.functional.conv2d(xg, w, None, stride, 1, 1, 2)
+    gy = torch.randn(y.shape, generator=g, dtype=torch.float64)
+    ref, = torch.autograd.grad(y, w, gy)
+    mine = tw.grouped_wgrad(xg.detach().float(), gy.float(), 2, stride=stride, blocks=(16, 16, 16))
+    torch.testing.assert_close(mine.double(), ref, rtol=0, atol=1e-4 * ref.abs().max().item())
+    sys.modules.pop("fedlight.lab.triton_wgrad", None)  # compiled for real next time it is imported
