@@ -56,7 +56,7 @@ timeout ${LORA_S:-100} python3 tools/bench.py --lora $LORA --json "$OUT/lora.jso
   > "$OUT/lora_log.txt" 2>&1; step $?
 grep -A1 "^roberta-lora" "$OUT/lora_log.txt" | cut -c1-600
 if [ $SMOKE = 0 ]; then
-  el "fit"
+  el "fit"; rm -f /tmp/e2e_summary_at
   timeout ${FIT_S:-60} python3 -m fedlight fit --config recipes/fednsam_resnet18.yaml --data fedlight.data.CIFAR10 \
     --data.init_args.num_clients 20 --model.init_args.num_classes 10 --loop.rounds ${ROUNDS:-8} --out_dir /tmp/e2e \
     2>&1 | while IFS= read -r l; do echo "$l"; [[ $l == "wall time (s)"* ]] && date +%s.%N > /tmp/e2e_summary_at; done \
