@@ -194,3 +194,27 @@ def test_a_wrapped_server_rule_keeps_its_aggregate_override():
         wrapped.run_round(r)
     for k in plain.x:
         torch.testing.assert_close(wrapped.x[k], plain.x[k], rtol=0, atol=0, msg=k)
+
+
+def test_failing_cuda_graphs_fall_back_to_the_compiled_stacked_step(monkeypatch):
+    """``auto``'s route on CUDA is the stacked step with CUDA graphs; when the graphs fail (compiling or first
+    running a shape, e.g. a rule that keeps a graph's output past the next replay), the runner goes on compiled
+    without them, redoing the chunk: the numbers are the sequential runner's. (CPU: every compile is aot_eager.)"""
+    import fedlight.runners.forward as forward
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(forward, "compile_kwargs", lambda compile: {"backend": "aot_eager"})
+    seq = contract_loop("fedsam", client_parallelism="sequential")
+    loop = contract_loop("fedsam", client_parallelism="vmap")
+    loop.runner = runner = StackedRunner(loop.runner.setup, None, "reduce-overhead")
+    assert runner.description == "stacked, compiled with CUDA graphs"
+
+    def overwritten(*args, **kw):
+        raise RuntimeError("Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run")
+
+    runner.forward.fn = overwritten
+    for r in range(2):
+        assert loop.run_round(r)["train_loss"] == pytest.approx(seq.run_round(r)["train_loss"], abs=1e-5)
+    assert runner.description == "stacked, compiled" and len(runner.fallbacks) == 1
+    assert runner.fallbacks[0].startswith("the CUDA graphs of the stacked step failed (RuntimeError: Error: accessing")
+    torch.testing.assert_close(P.flatten(loop.x), P.flatten(seq.x), rtol=0, atol=1e-5)
