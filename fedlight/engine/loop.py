@@ -114,7 +114,7 @@ class FederatedLoop:
                                server=self.server, store=self._store(), meta=self._meta(x))
         setup = TrainSetup(model=self.model, local=self.local, fabric=fabric,
                            optimizer=optimizer or cfg.optimizer_factory(), task=self.task,
-                           max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay, seed=seed)
+                           max_grad_norm=cfg.clip_norm, weight_decay=cfg.weight_decay, seed=seed)
         self.runner, self.runner_reason = select_runner(cfg, setup, self.state.meta["algorithm"])
         self.custom_aggregate = self.server.aggregates_itself()
 
