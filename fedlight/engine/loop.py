@@ -176,16 +176,23 @@ class FederatedLoop:
         P.copy_(st.int_buffers, counts)  # clients' forward passes do not count; the round advances them below
         t_train = time.perf_counter()
         got = self._exchange(got)
+        lrs = self._round_lrs(plan.info)
         if got.layout is None:  # nobody reported: the model and the server state stay as they are
             st.rounds_done = r + 1
-            return RoundRow.of(plan, got).timed(t0, t_train).as_dict()
+            return RoundRow.of(plan, got, lrs).timed(t0, t_train).as_dict()
         got.acc.ensure(got.layout)
         red = got.acc.reduce(self.fabric)
         x_old = st.params
         self._advance(r, red, got, plan)
-        row = RoundRow.of(plan, got)
+        row = RoundRow.of(plan, got, lrs)
         row.measure(red, st.params, x_old, got.start if got.start is not None else x_old, self.server.diagnostics())
         return row.timed(t0, t_train).as_dict()
+
+    def _round_lrs(self, info) -> tuple[float, float]:
+        """The lr of the round's first and last local step: the task's (a LightningModule's schedule), else
+        ``η_r`` under ``loop.local_lr_schedule``."""
+        K = max(1, round(info.num_steps))
+        return self.task.round_lrs(info) or (self.cfg.local_lr(info.lr, 0, K), self.cfg.local_lr(info.lr, K - 1, K))
 
     def _advance(self, r: int, red: Reduced, got: Collected, plan: RoundPlan) -> None:
         """The state after round ``r``: client states stored, ``x_{r+1}``, averaged buffers, step counters."""

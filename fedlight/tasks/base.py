@@ -69,6 +69,11 @@ class Task:
         """The local optimisation this task's model brings. Default: the loop's settings, unchanged."""
         return LocalOptimization(loop=loop, algorithm=algorithm)
 
+    def round_lrs(self, info: Any) -> tuple[float, float] | None:
+        """The lr of round ``info.round``'s first and last local step when the task sets it (a LightningModule's
+        schedule); ``None``: the loop's."""
+        return None
+
     def begin_round(self, info: Any) -> None:
         """Round ``info.round`` is about to train (a task that tracks the round, e.g. a LightningModule's epoch)."""
 
@@ -202,7 +207,8 @@ def guard(what: str, fn: Callable, batch: Any = None) -> Any:
             raise ConfigError(f"the data's labels are strings ({', '.join(map(repr, strings[:3]))}, ...): {what} "
                               "needs integer class indices. Map them in your dataset, as torchvision's ImageFolder "
                               "does (`class_to_idx = {name: i for i, name in enumerate(sorted(names))}`, then return "
-                              "`class_to_idx[label]`)") from None
+                              "`class_to_idx[label]`), or pass the data module `label_fn` (sample -> label): fedlight "
+                              "then maps the names to class indices") from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"model, data and task do not fit together: {what} failed on the first batch "
                           f"({type(e).__name__}: {first}). Check the model's input/output size against the data "

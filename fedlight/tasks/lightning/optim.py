@@ -49,8 +49,8 @@ def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, da
     if own:
         task.schedule = None
         return _said(fabric, loop, algorithm, None, f"{type(algorithm).__name__} prescribes its own local "
-                     f"optimizer; {name}.configure_optimizers() is not used (read only for its param groups; nor its lr "
-                     f"schedulers); {schedule}")
+                     f"optimizer; {name}.configure_optimizers() is not used (read only for its param groups; nor its "
+                     f"lr schedulers); {schedule}")
     first, group = optimizers[0], factory.groups[0]
     in_round = "constant" if task.schedule else loop.local_lr_schedule  # the module's own schedule wins
     sched = (f"its lr schedule {task.schedule.describe()} (replayed per client step r·K+k; `loop.lr_schedule` and "
@@ -124,9 +124,13 @@ def _check_groups(name: str, factory: ModuleOptimizers, algorithm, loop: LoopCon
                           "(fedavg, fedavgm, fedadam, fedsam ...), or give every group the same lr and weight decay")
 
 
-def _one_lr(local) -> bool:
-    """A client rule whose algebra reads the one local lr (``Σ_k η_k``: SCAFFOLD) or sets it (FedSWA)."""
-    return isinstance(local, InRoundLR) or hasattr(local, "lr_sum")
+def _one_lr(part: Any, depth: int = 0) -> bool:
+    """A client rule whose algebra (or one of its parts) reads the one local lr (``Σ_k η_k``: SCAFFOLD's
+    correction) or sets it (FedSWA)."""
+    if isinstance(part, InRoundLR) or hasattr(part, "lr_sum"):
+        return True
+    parts = part if isinstance(part, (list, tuple)) else list(vars(part).values()) if hasattr(part, "__dict__") else []
+    return depth < 3 and any(_one_lr(p, depth + 1) for p in parts if not isinstance(p, (int, float, str, bool)))
 
 
 def _groups_said(factory: ModuleOptimizers) -> str:
