@@ -26,7 +26,7 @@ def _one_client(n: int = 30, batch_size: int = 5):
     x, y = blobs(n, seed=1)
     train = torch.utils.data.TensorDataset(x, y)
     return DatasetClients(train, torch.utils.data.TensorDataset(*blobs(20, seed=2)), num_clients=1,
-                          batch_size=batch_size, partition=IID(), eval_batch_size=10)
+                          batch_size=batch_size, partition=IID(), eval_batch_size=10, num_classes=3)
 
 
 def _fit1(tmp_path, model, name="run", **loop):

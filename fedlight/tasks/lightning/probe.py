@@ -37,12 +37,16 @@ def probe(task: Any, model, train_batch, test_batch, fabric=None) -> None:
                        test_batch)
     if task.by_loss:
         why = f"{name}.{step} logs nothing" if step else f"{name} defines neither test_step nor validation_step"
-        note(fabric, f"{why}: the global model is evaluated by training_step's loss on the test set (`test_loss`); "
-                     "log a metric with `self.log(\"test_acc\", acc)` in a test_step to report your own")
+        by = ("training_step's loss on the test set (`test_loss`)" if "test_loss" in logged else
+              f"what training_step logs on the test set ({', '.join(f'`{k}`' for k in logged)}; it returns no loss, "
+              "and its optimizers step nothing there)")
+        note(fabric, f"{why}: the global model is evaluated by {by}; log a metric with "
+                     "`self.log(\"test_acc\", acc)` in a test_step to report your own")
     task.names = tuple(k[len("test_"):] for k in logged)
     if task.headline not in task.names:
         raise ConfigError(f"`task.headline` {task.headline!r} is not logged by {name}'s test_step (it logs "
                           f"{', '.join(task.names)})")
+    _reset_metrics(model)
     if task.trainer is not None:
         task.trainer.at(0, 0, "training")
         call_hook(model, "on_fit_start")
@@ -59,3 +63,12 @@ def _probe_loss(task: Any, model, batch, fabric) -> Any:
                          batch)
     finally:
         model.train(was)
+
+
+def _reset_metrics(model) -> None:
+    """The module's torchmetrics objects as before the probe (its batches are not training data)."""
+    from torchmetrics import Metric
+
+    for m in model.modules():
+        if isinstance(m, Metric):
+            m.reset()
