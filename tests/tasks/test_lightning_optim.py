@@ -190,3 +190,25 @@ def test_max_grad_norm_auto_clips_fedlights_models_at_10_and_a_number_clips_ever
     assert (local.loop, local.algorithm, local.optimizer, local.effective) == (LoopConfig(), algorithm, None, None)
     with pytest.raises(AttributeError):
         local.loop = None  # a frozen value
+
+
+def test_a_gan_written_as_lightnings_example_runs_under_fedavg_from_the_command_line(tmp_path, capsys):
+    from fedlight.config.cli import main
+
+    recipe = tmp_path / "gan.yaml"
+    recipe.write_text("model: {class_path: lit_gan.TinyGAN}\n"
+                      "data:\n  class_path: fedlight.data.DataModuleClients\n  init_args:\n"
+                      "    datamodule: {class_path: lit_gan.TinyImages}\n    num_clients: 4\n"
+                      "loop: {rounds: 2, clients_per_round: 2, local_steps: 3, progress: false}\n")
+    assert main(["fit", "--config", str(recipe), "--out_dir", str(tmp_path / "gan")]) == 0
+    out = "".join(capsys.readouterr())
+    assert "Adam(lr=0.002, betas=(0.5, 0.999)" in out and "+ Adam(lr=0.002" in out
+    assert "evaluated by what training_step logs on the test set (`test_d_loss`, `test_g_loss`" in out
+    rows = [json.loads(line) for line in (tmp_path / "gan" / "metrics.jsonl").read_text().splitlines()]
+    assert {"train/d_loss", "train/g_loss", "test_d_loss", "test_g_loss"} <= rows[-1].keys()
+    torch.manual_seed(0)  # the CLI builds the model after seeding with the run's seed 0
+    from lit_gan import TinyGAN
+
+    start, final = TinyGAN().state_dict(), _final(tmp_path, "gan")
+    for part in ("generator.0.weight", "discriminator.0.weight"):  # both optimizers stepped their parts
+        assert (final[part] - start[part]).abs().max() > 1e-4
