@@ -60,6 +60,11 @@ def test_reduce_fx_on_step_on_epoch_and_torchmetrics_equal_lightnings_trainer(tm
     assert summary["final_test_n"] == want["test_n"] == 200.0  # 2 test batches; averaged this was 100
     assert summary["final_test_top"] == want["test_top"] == 1.0
     assert summary["final_test_acc"] == pytest.approx(want["test_acc"], abs=1e-7)
+    sam = fedlight.fit(Reducing(), _one_client(), fedlight.create("fedsam"), loop=LoopConfig(
+        rounds=1, clients_per_round=1, local_steps=K, progress=False), out_dir=str(tmp_path / "sam"))
+    row = json.loads((tmp_path / "sam" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["train/seen"] == 30.0 and sam["final_test_n"] == 200.0  # SAM's second evaluation is not logged
+
     from fedlight.tasks.lightning.logs import capture_logs
 
     module = LitMLP()

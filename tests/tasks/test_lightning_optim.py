@@ -212,3 +212,9 @@ def test_a_gan_written_as_lightnings_example_runs_under_fedavg_from_the_command_
     start, final = TinyGAN().state_dict(), _final(tmp_path, "gan")
     for part in ("generator.0.weight", "discriminator.0.weight"):  # both optimizers stepped their parts
         assert (final[part] - start[part]).abs().max() > 1e-4
+
+
+def test_which_rules_bring_their_own_optimizer_is_decided_in_one_place():
+    own = {n for n in ("fedavg", "scaffold", "fedsam", "fedswa", "fedmoswa", "fedadamw", "local_adam", "fedlada")
+           if fedlight.create(n).local.brings_optimizer}
+    assert own == {"fedadamw", "local_adam", "fedlada"}  # FedSWA's in-round lr steps the loop's (the module's) SGD

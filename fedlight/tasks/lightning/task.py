@@ -149,7 +149,8 @@ class LightningTask(Task):
             if hooks is not None:
                 logs.update(hooks.logs)
                 hooks.logs.clear()
-            if logs and not in_stacked():
+            if logs and not in_stacked() and ctx.scratch.get("lightning_logged") != k:  # a rule evaluating
+                ctx.scratch["lightning_logged"] = k  # the step twice (SAM) logs it once, at the first evaluation
                 self._train_logs(logs, sums, ctx, batch)
             return loss
 
