@@ -45,7 +45,8 @@ class Reducing(LitMLP):
     def test_step(self, batch, batch_idx):
         super().test_step(batch, batch_idx)
         self.log("test_n", 100.0, reduce_fx="sum")
-        self.log("test_top", float(batch_idx), reduce_fx="max")
+        self.log("test_top", float(batch_idx), reduce_fx="max", prog_bar=True, sync_dist=True)
+        self.log("test_stepwise", 1.0, on_step=True, on_epoch=False)
 
 
 def test_reduce_fx_on_step_on_epoch_and_torchmetrics_equal_lightnings_trainer(tmp_path):
@@ -57,6 +58,8 @@ def test_reduce_fx_on_step_on_epoch_and_torchmetrics_equal_lightnings_trainer(tm
     for name in ("seen", "peak", "low_epoch", "avg", "tm", "epoch_sum"):
         assert row[f"train/{name}"] == pytest.approx(want[name], rel=1e-12, abs=1e-12), name
     assert row["train/seen"] == 30.0 and row["train/epoch_sum"] == 2.0
+    assert 0 < row["train/low_step"]  # on_step: the mean over the round (Lightning keeps the last step in its metrics)
+    assert "train/low" not in row and not any("stepwise" in k for k in [*row, *summary])  # forked; per-batch: none
     assert summary["final_test_n"] == want["test_n"] == 200.0  # 2 test batches; averaged this was 100
     assert summary["final_test_top"] == want["test_top"] == 1.0
     assert summary["final_test_acc"] == pytest.approx(want["test_acc"], abs=1e-7)
