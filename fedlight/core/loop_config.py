@@ -164,6 +164,11 @@ class LoopConfig:
             return self.local_lr_eta_min + 0.5 * (lr - self.local_lr_eta_min) * (1.0 + math.cos(math.pi * k / K))
         return lr
 
+    def round_lrs(self, info) -> tuple[float, float]:
+        """The lr of round ``info``'s first and last local step (``loop.local_lr_schedule`` from ``η_r``)."""
+        K = max(1, round(info.num_steps))
+        return self.local_lr(info.lr, 0, K), self.local_lr(info.lr, K - 1, K)
+
     @property
     def clip_norm(self) -> float | None:
         """The clip in force for fedlight's own models: ``max_grad_norm`` with ``auto`` read as 10."""

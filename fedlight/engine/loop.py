@@ -183,7 +183,7 @@ class FederatedLoop:
         P.copy_(st.int_buffers, counts)  # clients' forward passes do not count; the round advances them below
         t_train = time.perf_counter()
         got = self._exchange(got)
-        row = RoundRow.of(plan, got, self._round_lrs(plan.info))
+        row = RoundRow.of(plan, got, self.task.round_lrs(plan.info) or self.cfg.round_lrs(plan.info))
         if got.layout is None:  # nobody reported: the model and the server state stay as they are
             st.rounds_done = r + 1
         else:
@@ -202,12 +202,6 @@ class FederatedLoop:
         self.state.totals["bytes_down"] += row["bytes_down"]
         self.state.last_row = row
         return row
-
-    def _round_lrs(self, info) -> tuple[float, float]:
-        """The lr of the round's first and last local step: the task's (a LightningModule's schedule), else
-        ``η_r`` under ``loop.local_lr_schedule``."""
-        K = max(1, round(info.num_steps))
-        return self.task.round_lrs(info) or (self.cfg.local_lr(info.lr, 0, K), self.cfg.local_lr(info.lr, K - 1, K))
 
     def _advance(self, r: int, red: Reduced, got: Collected, plan: RoundPlan) -> None:
         """The state after round ``r``: client states stored, ``x_{r+1}``, averaged buffers, step counters."""
