@@ -8,6 +8,9 @@ from typing import Literal
 
 from fedlight.errors import check
 
+AUTO_CLIP = 10.0
+"""``loop.max_grad_norm: auto`` for fedlight's own models (a LightningModule: no clip)."""
+
 
 @dataclass
 class LRSchedule:
@@ -106,8 +109,9 @@ class LoopConfig:
     """Local weight decay (coupled for SGD, added after clipping)."""
     optimizer_args: dict = field(default_factory=dict)
     """The optimizer's other init arguments (checked against its signature), e.g. {betas: [0.9, 0.99]}."""
-    max_grad_norm: float | None = 10.0
-    """Joint L2 clip of the local step direction; null disables."""
+    max_grad_norm: float | str | None = "auto"  # str, not Literal["auto"]: a wrong value gets the check's message
+    """Joint L2 clip of the local step direction; null disables; auto: 10 for fedlight's own models, none for a
+    LightningModule (its author's code decides); a number clips every model."""
     weighting: Literal["samples", "uniform"] = "samples"
     """Aggregation weights: w_i ∝ n_i or 1/S."""
     aggregate_buffers: bool = True
@@ -162,6 +166,16 @@ class LoopConfig:
             return self.local_lr_eta_min + 0.5 * (lr - self.local_lr_eta_min) * (1.0 + math.cos(math.pi * k / K))
         return lr
 
+    def round_lrs(self, info) -> tuple[float, float]:
+        """The lr of round ``info``'s first and last local step (``loop.local_lr_schedule`` from ``η_r``)."""
+        K = max(1, round(info.num_steps))
+        return self.local_lr(info.lr, 0, K), self.local_lr(info.lr, K - 1, K)
+
+    @property
+    def clip_norm(self) -> float | None:
+        """The clip in force for fedlight's own models: ``max_grad_norm`` with ``auto`` read as 10."""
+        return AUTO_CLIP if self.max_grad_norm == "auto" else self.max_grad_norm
+
     def optimizer_factory(self):
         """``factory(params, lr=η)`` → the local optimizer with this config's class, weight decay and arguments."""
         import functools
@@ -197,8 +211,10 @@ class LoopConfig:
               f"`loop.momentum` ({self.momentum}) is not an argument of `loop.optimizer` {self.optimizer}; "
               "set it to 0 or pass the optimizer's own arguments in `loop.optimizer_args`")
         check(0 <= self.weight_decay < math.inf, f"`loop.weight_decay` must be >= 0, got {self.weight_decay}")
-        check(self.max_grad_norm is None or self.max_grad_norm > 0,
-              f"`loop.max_grad_norm` must be positive or null, got {self.max_grad_norm}")
+        check(self.max_grad_norm in (None, "auto") or (isinstance(self.max_grad_norm, (int, float))
+                                                        and not isinstance(self.max_grad_norm, bool)
+                                                        and self.max_grad_norm > 0),
+              f"`loop.max_grad_norm` must be positive, auto or null, got {self.max_grad_norm!r}")
         check(self.state_budget_mb is None or self.state_budget_mb >= 0,
               f"`loop.state_budget_mb` must be >= 0 or null, got {self.state_budget_mb}")
         check(self.vmap_chunk in (None, "auto") or (type(self.vmap_chunk) is int and self.vmap_chunk > 0),

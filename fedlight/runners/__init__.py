@@ -40,6 +40,10 @@ def select_runner(cfg, setup: TrainSetup, algorithm: str) -> tuple[ClientRunner,
         reason = f"loop.client_parallelism: {mode}"
         if mode == "vmap":
             check_supported(setup.local, algorithm)
+            if any(_drops(m) for m in setup.model.modules()):
+                say(setup, "fedlight: note: the model has dropout; stacked clients (`loop.client_parallelism: vmap`) "
+                           "draw their masks per stacked client, so the numbers differ from sequential training "
+                           "(equal only in distribution); `sequential` or `streams` reproduce it exactly")
     if mode == "vmap":
         cls = ChannelsLastStackedRunner if channels_last else StackedRunner
         return cls(setup, cfg.vmap_chunk, compile or False), reason
