@@ -105,7 +105,7 @@ def config_damaged(out: Path, ckpt: dict[str, Any]) -> bool:
     """Whether ``out/config.yaml`` is to be rewritten from this run's settings, which the checkpoint just confirmed:
     damaged or edited (saying so), or written before config files carried their digest."""
     why = side_files.damage(out / "config.yaml")
-    if why == side_files.UNSEALED and not ckpt.get(side_files.MARK):  # written before the digests: sealed now
+    if why == side_files.UNSEALED and not side_files.sealed(ckpt):  # written before the digests: sealed now
         return True
     if why is not None:
         note(f"{out / 'config.yaml'} is damaged: {why}; rewritten from the checkpoint's settings (this run's, which "

@@ -267,7 +267,8 @@ class ClientStateStore:
         self._collect()
         return {"states": {}, "spilled": {int(k): {"spec": e["spec"], "path": self._name(e["path"]), "nbytes":
                                                    e["nbytes"], "crc": e["crc"]} for k, e in self._disk.items()},
-                "previous": sorted(self._name(p) for p in self._pins[0])}  # the files the checkpoint before names
+                "previous": sorted(self._name(p) for p in self._pins[0]),  # the files the checkpoint before names
+                "paths": "relative"}  # to the run directory (older checkpoints: absolute)
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         for cid in self.ids():

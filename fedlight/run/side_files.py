@@ -2,8 +2,9 @@
 
 ``config.yaml`` ends with the comment line ``# fedlight-sha256: <hex>``, the digest of every byte before it (the
 file stays plain YAML); ``summary.json`` holds the key ``fedlight_sha256``, the digest of the summary written
-without it (``json.dumps(..., indent=2)``). :func:`damage` says why a file is not the one fedlight wrote. Checkpoints
-record that the run seals these files (``"sealed_side_files"``), so a run written before that verifies as it did.
+without it (``json.dumps(..., indent=2)``). :func:`damage` says why a file is not the one fedlight wrote. A run
+written before these digests (its checkpoint's client store names files by absolute path, :func:`sealed`) verifies
+as it did: those two files are only parsed.
 """
 
 from __future__ import annotations
@@ -15,9 +16,14 @@ from typing import Any
 
 TAG = "# fedlight-sha256: "
 KEY = "fedlight_sha256"
-MARK = "sealed_side_files"
-"""The checkpoint key saying the run seals its config.yaml and summary.json."""
 UNSEALED = "it carries no digest (edited, or not written by fedlight)"
+
+
+def sealed(ckpt: dict[str, Any] | None) -> bool:
+    """Whether the run of checkpoint ``ckpt`` seals its config.yaml and summary.json: every checkpoint since the
+    digests names client-state files relative to the run directory (``store.paths``); ``None`` (no intact
+    checkpoint): assumed."""
+    return ckpt is None or (ckpt.get("store") or {}).get("paths") == "relative"
 
 
 def _sha(text: str) -> str:

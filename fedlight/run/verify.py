@@ -31,7 +31,7 @@ def check_run(out: Path) -> list[Finding]:
     if (out / "final_model.pt").exists():
         damage = check_sealed(out / "final_model.pt")
         found.append(("damaged", "final_model.pt", damage) if damage else ("ok", "final_model.pt", ""))
-    sealed = bool(ckpt.get(side_files.MARK)) if ckpt is not None else True  # a run from before the digests: parsed
+    sealed = side_files.sealed(ckpt)  # a run from before the digests: parsed only
     for name in ("summary.json", "config.yaml"):
         if (out / name).exists():
             why = side_files.damage(out / name, sealed)
