@@ -78,7 +78,10 @@ def test_a_metric_direction_comes_from_the_task_only(regression_run, tmp_path):
     assert report.metric_value(run, "best_test_mae") == min(r["test_mae"] for r in rows)
     old = tmp_path / "old"
     shutil.copytree(run, old)
-    (old / "summary.json").write_text(json.dumps({k: v for k, v in s.items() if k != "metric_directions"}))
+    from fedlight.run import side_files
+
+    old_summary = {k: v for k, v in s.items() if k not in ("metric_directions", side_files.KEY)}
+    (old / "summary.json").write_text(side_files.seal_summary(old_summary))  # as written, without the record
     assert report.metric_value(old, "best_test_mse") == min(r["test_mse"] for r in rows)  # the headline's own
     with pytest.raises(ConfigError, match="does not record whether higher test_r2 is better"):
         report.metric_value(old, "best_test_r2")
