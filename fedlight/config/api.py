@@ -30,7 +30,7 @@ from fedlight.data.augment import adopt_preprocessing
 from fedlight.engine.driver import FitDriver
 from fedlight.engine.loop import FederatedLoop
 from fedlight.errors import ConfigError, check
-from fedlight.run import stops
+from fedlight.run import stops, trackers
 from fedlight.run.directory import settings_hash, split_settings
 from fedlight.run.faults import fault
 from fedlight.run.files import is_fraction
@@ -65,6 +65,8 @@ class Plan:
     ckpt: dict[str, Any] | None = None
     clear: bool = False
     """Clear ``out`` before the first write (``--overwrite``, or a failed start's directory)."""
+    trackers: tuple[bool, list[dict[str, Any]]] = (True, [])
+    """``loggers`` parsed: TensorBoard on, the other trackers (:func:`fedlight.run.trackers.parse`)."""
 
 
 def fit(
@@ -81,6 +83,7 @@ def fit(
     resume: str | None = None,
     overwrite: bool = False,
     task: Task | None = None,
+    loggers: list[str | dict[str, Any]] | dict[str, Any] | str | None = "tensorboard",
     _config_text: str | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` federatedly with ``algorithm`` on ``data`` and write the run record to ``out_dir``.
@@ -112,6 +115,11 @@ def fit(
         task: what the model is trained and evaluated for (:mod:`fedlight.tasks`: ``Classification``,
             ``Regression``, ``TextClassification``, ``LanguageModeling``); default: a LightningModule's own,
             else the data module's (classification for fedlight's datasets).
+        loggers: where the run is tracked besides its files: ``tensorboard`` (the default), ``mlflow``, ``wandb``,
+            ``csv``, a Lightning/Fabric logger ``{class_path: ..., init_args: {...}}`` (``artifacts: false`` to send
+            no files), or a list of these; ``[]`` for none. MLflow reads ``MLFLOW_TRACKING_URI``, W&B
+            ``WANDB_PROJECT``/``WANDB_MODE``; a resumed run continues the same tracker run
+            (:mod:`fedlight.run.trackers`).
 
     Returns:
         The summary (also written to ``out_dir/summary.json``).
@@ -124,6 +132,7 @@ def fit(
     """
     plan = _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, _config_text,
                  (devices, num_nodes))
+    plan.trackers = trackers.parse(loggers)  # a bad entry or a missing package: exit 2 here
     plan.ckpt_path, plan.ckpt, plan.clear = resumes.start(plan.out, resume, overwrite, plan.defining)
     fabric = launch.fabric(plan.accelerator, devices, num_nodes, plan.precision)
     record = _record(fabric, plan)
@@ -167,9 +176,20 @@ def _train(driver: FitDriver, record: RunRecord, plan: Plan) -> dict[str, Any]:
     effective = driver.loop.task.effective  # what trained, where the loop settings do not apply
     text = plan.text + (f"# fedlight: local optimization used: {effective}\n" if effective else "")
     with stops.disk_guard(record):
-        record.open(text, plan.data, overwrite=bool(plan.clear) and plan.ckpt is None, fresh=plan.ckpt is None)
+        record.open(text, plan.data, overwrite=bool(plan.clear) and plan.ckpt is None, fresh=plan.ckpt is None,
+                    tensorboard=plan.trackers[0])
+        launch.agree(driver.loop.fabric, lambda: _start_trackers(record, driver.loop, plan, text))  # before round 1
         with stops.stop_signals():
             return driver.fit()
+
+
+def _start_trackers(record: RunRecord, loop: FederatedLoop, plan: Plan, text: str) -> None:
+    """Reach the trackers asked for (global rank 0): an unreachable one refuses the run before round 1."""
+    if not plan.trackers[1] or not record.rank0:
+        return
+    tags = trackers.run_tags(loop.algorithm, plan.model, plan.data, plan.seed, plan.out)
+    record.trackers = trackers.Trackers(plan.trackers[1], plan.out, tags, text, resumed=plan.ckpt is not None)
+    record.trackers.start()
 
 
 def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, text, world) -> Plan:

@@ -227,7 +227,7 @@ IDENTITY = ("base", "flags")
 
 EXECUTION_FLAGS = ("--loop.client_parallelism", "--loop.vmap_chunk", "--loop.channels_last", "--loop.compile",
                    "--loop.state_budget_mb", "--loop.state_device", "--loop.save_every", "--loop.progress",
-                   "--devices", "--num_nodes", "--accelerator")
+                   "--devices", "--num_nodes", "--accelerator", "--loggers")
 """``fedlight fit`` flags that change how a run executes, not what it computes (up to floating-point order)."""
 
 
@@ -261,7 +261,7 @@ class Run:
 
 
 def plan(spec, cs: list[Cell], seeds: list[int], out: Path, shrink: str | None,
-         execution: list[str] | None = None) -> list[Run]:
+         execution: list[str] | None = None, table: str | None = None) -> list[Run]:
     runs = []
     for c in cs:
         fl = flags({**c.overrides, **shrink_overrides(shrink, spec, c)})
@@ -270,7 +270,8 @@ def plan(spec, cs: list[Cell], seeds: list[int], out: Path, shrink: str | None,
             argv = ["fit", "--config", str(base_path(spec)), *fl, "--seed", str(k), "--out_dir", str(path),
                     "--resume", "auto", *(execution or [])]
             runs.append(Run(c, k, path, argv, {"base": spec["base"], "flags": [*fl, "--seed", str(k)],
-                                               "execution": list(execution or [])}))
+                                               "execution": list(execution or []),  # cell: tags of its trackers
+                                               "cell": {"table": table, "row": c.row, "column": c.col, "seed": k}}))
     return runs
 
 
@@ -445,7 +446,7 @@ def cmd_reproduce(argv: list[str]) -> int:
     pats = [s.strip() for s in a.cells.split(",") if s.strip()]
     todo = [c for c in every if any(fnmatch.fnmatchcase(c.name, pt) for pt in pats)]
     check(len(todo) > 0, f"`--cells {a.cells}` matches none of: {', '.join(c.name for c in every)}")
-    runs = plan(spec, every, seeds, out, a.shrink, execution_args(a.fit_args))
+    runs = plan(spec, every, seeds, out, a.shrink, execution_args(a.fit_args), table=spec_path.stem)
     chosen = [r for r in runs if any(r.cell is c for c in todo)]
     if a.dry_run:
         print("\n".join(shlex.join(["fedlight", *r.argv]) for r in {r.path: r for r in chosen}.values()))
