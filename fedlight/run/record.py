@@ -173,8 +173,8 @@ class RunRecord:
         else:
             self.writer.submit(lambda: self._append(row, keep=False))
         self.writer.submit(lambda: self._log_round(row))  # TensorBoard, in the background after the row's files
-        if self.trackers is not None:
-            self.trackers.log_round(row)  # on the trackers' own thread: a slow tracker never holds a checkpoint
+        if self.trackers is not None:  # once the round's checkpoint is renamed; sent on the trackers' own thread
+            self.writer.submit(lambda: self.trackers.log_round(row, durable=checkpoint is not None))
         self.watch.check(row)
         self.progress.update(row)
 

@@ -1,7 +1,7 @@
 """Trackers: a run in MLflow, Weights & Biases, a CSV file or any Lightning logger, beside TensorBoard.
 
 The ``loggers`` setting names them: ``tensorboard`` (fedlight's own writer, :mod:`fedlight.run.tensorboard`, the
-default), ``mlflow``, ``wandb``, ``csv`` (Lightning's ``MLFlowLogger``, ``WandbLogger`` and Fabric's ``CSVLogger``),
+default), ``mlflow``, ``wandb``, ``csv`` (Lightning's ``MLFlowLogger``, ``WandbLogger``, ``CSVLogger``),
 or any Lightning/Fabric logger as ``{class_path: ..., init_args: {...}}``; an entry may add ``artifacts: false`` (no
 files at the end) or a list of file names. Only global rank 0 builds and feeds them, on a thread of their own.
 
@@ -11,11 +11,11 @@ table, row, column and seed from ``reproduce.json``), every round's ``metrics.js
 step, ``summary/*`` figures, and ``config.yaml``, ``summary.json``, ``final_model.pt`` as artifacts.
 
 ``trackers.json`` in the run directory is the one place a tracker's run id lives: ``{name: {"id", "logged"}}``,
-``logged`` being the last round it holds. A resumed run continues the same tracker run and skips the rounds it
-already holds (a SIGKILL after round r leaves rounds after the last checkpoint logged: they are not logged twice), and
-rows of ``metrics.jsonl`` a tracker lacks are sent first. A tracker that cannot be reached at start refuses the run
-(:class:`ConfigError`, exit 2) before round 1; one that fails later is dropped with one warning line, training goes
-on, and ``summary.json`` lists the rounds it missed under ``trackers``.
+``logged`` being the last round it holds. A round is sent once its checkpoint is on disk (every ``loop.save_every``
+rounds, and at the end), so a tracker holds exactly ``metrics.jsonl``'s numbers; a resumed run continues the same
+tracker run, sends the rows it lacks and skips those it holds. A tracker that cannot be reached at start refuses the
+run (:class:`ConfigError`, exit 2) before round 1; one that fails later is dropped with one warning line, training
+goes on, and ``summary.json`` lists the rounds it missed under ``trackers``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ FILE = "trackers.json"
 ARTIFACTS = ("config.yaml", "summary.json", "final_model.pt")
 NAMES = {"mlflow": ("lightning.pytorch.loggers.MLFlowLogger", "mlflow"),
          "wandb": ("lightning.pytorch.loggers.WandbLogger", "wandb"),
-         "csv": ("lightning.fabric.loggers.CSVLogger", None)}
+         "csv": ("lightning.pytorch.loggers.CSVLogger", None)}  # Fabric's CSVLogger plus hparams.yaml
 """Short names: (class path, the package it needs, installed by ``pip install 'fedlight[<name>]'``)."""
 RESUME_ARGS = ("run_id", "id", "version")
 """The constructor argument that continues an existing run, first found wins (MLflow, W&B, CSV/TensorBoard)."""
@@ -105,6 +105,7 @@ class Trackers:
         self.loggers: dict[str, Any] = {}
         self.failed: dict[str, int] = {}  # name -> the first round it missed
         self.last_round = 0
+        self.pending: list[dict[str, Any]] = []  # rows whose checkpoint is not on disk yet
         self.writer = CheckpointWriter()
         faults.DRAIN.append(self.writer.wait)
 
@@ -170,9 +171,12 @@ class Trackers:
             logger.log_hyperparams(config)  # nested: W&B shows it by section
         else:
             flat = flatten(config) if isinstance(config, dict) else {}
-            is_mlflow = hasattr(logger.experiment, "set_tag")
-            logger.log_hyperparams(flat if is_mlflow else {**flat, **{f"fedlight.{k}": v for k, v in
-                                                                      self.tags.items()}})
+            is_mlflow = hasattr(logger.experiment, "set_tag")  # its tags were set with the run
+            try:
+                logger.log_hyperparams({k: str(v) for k, v in flat.items()} if is_mlflow else  # [] and {} kept
+                                       {**flat, **{f"fedlight.{k}": v for k, v in self.tags.items()}})
+            except NotImplementedError:  # Fabric's own CSVLogger and TensorBoardLogger take no params
+                pass
 
     # ------------------------------------------------------------------------------------------ rounds
     def begin(self, rows: list[dict[str, Any]]) -> None:
@@ -180,9 +184,18 @@ class Trackers:
         for row in rows:
             self.log_round(row)
 
-    def log_round(self, row: dict[str, Any]) -> None:
-        self.last_round = max(self.last_round, int(row["round"]))
-        self.writer.submit(lambda: self._log(row))
+    def log_round(self, row: dict[str, Any], durable: bool = True) -> None:
+        """Queue ``row``; send it and the rows before it once ``durable`` (its round's checkpoint is on disk), so a
+        tracker never holds a round that a resume recomputes: it holds exactly ``metrics.jsonl``'s numbers."""
+        self.pending.append(row)
+        if durable:
+            self._release()
+
+    def _release(self) -> None:
+        rows, self.pending = self.pending, []
+        for row in rows:
+            self.last_round = max(self.last_round, int(row["round"]))
+            self.writer.submit(lambda row=row: self._log(row))
 
     def _log(self, row: dict[str, Any]) -> None:
         step, numbers = int(row["round"]), metrics_of(row)
@@ -204,6 +217,7 @@ class Trackers:
     # ------------------------------------------------------------------------------------------ end
     def report(self) -> dict[str, Any]:
         """``summary.json``'s ``trackers``: each tracker's run id and the rounds it missed (``"3-5"``, or ``None``)."""
+        self._release()  # the run finished: every row is final
         self.writer.wait()
         return {name: {"id": self.state[name]["id"],
                        "missed_rounds": round_ranges(list(range(self.state[name]["logged"] + 1,
