@@ -152,7 +152,7 @@ class Trackers:
 
     def _defaults(self, name: str) -> dict[str, Any]:
         run = self.out.resolve().name
-        tag_list = [f"{k}:{v}" for k, v in self.tags.items() if v is not None]
+        tag_list = [f"{k}:{v}"[:64] for k, v in self.tags.items() if v is not None and k != "run_dir"]  # W&B: 64
         if name.startswith("mlflow"):
             return {"experiment_name": os.environ.get("MLFLOW_EXPERIMENT_NAME", "fedlight"), "run_name": run,
                     "tracking_uri": os.environ.get("MLFLOW_TRACKING_URI"),
@@ -233,7 +233,10 @@ class Trackers:
             if logger is None or name in self.failed:
                 continue
             try:
-                logger.log_metrics(figures, step=self.last_round)
+                if _is_wandb(logger):  # W&B's run summary, not one more history row
+                    logger.experiment.summary.update(figures)
+                else:
+                    logger.log_metrics(figures, step=self.last_round)
                 for f in (self.out / a for a in e["artifacts"]):
                     if f.is_file():
                         _upload(logger, f, self.out)

@@ -184,10 +184,10 @@ def test_wandb_offline_run_files_hold_the_history(tmp_path, monkeypatch):
         elif kind == "run":
             tags = list(r.run.tags)
     rows = _rows(out)
+    assert sorted(history) == [1, 2, 3], sorted(history)  # the summary figures come with step 3: not a 4th row
     for row in rows:
         numbers = metrics_of(row)
         assert {k: history[row["round"]][k] for k in numbers} == numbers
-    assert sorted(history)[:3] == [1, 2, 3]
     assert config["loop"]["rounds"] == 3 and config["model"]["class_path"] == "fedlight.models.MLP"
     assert "algorithm:scaffold" in tags and "seed:0" in tags
     assert {p.name for p in (run_dir / "files").iterdir()} >= {"config.yaml", "summary.json", "final_model.pt"}
@@ -195,20 +195,26 @@ def test_wandb_offline_run_files_hold_the_history(tmp_path, monkeypatch):
     assert summary["trackers"]["wandb"]["id"] == run_dir.name.rsplit("-", 1)[-1]
 
 
-def test_reproduce_tags_each_cell_run(tmp_path):
+def test_reproduce_of_a_2x2_table_gives_4_mlflow_runs_tagged_with_their_cells(mlflow_store, tmp_path, monkeypatch):
+    import mlflow
+
+    from fedlight.lab import reproduce
+
     spec = {"title": "2x2", "base": TINY, "metric": "final_test_acc",
             "rows": {"fedavg": {"algorithm": {"class_path": "fedlight.algorithms.FedAvg"}},
                      "scaffold": {"algorithm": {"class_path": "fedlight.algorithms.SCAFFOLD"}}},
             "columns": {"lr05": {"loop.lr": 0.05}, "lr1": {"loop.lr": 0.1}}}
     (tmp_path / "grid.yaml").write_text(yaml.safe_dump(spec))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run([sys.executable, "-m", "fedlight.config.cli", "reproduce", str(tmp_path / "grid.yaml"),
-                          "--shrink", "rounds=1", "--out", str(tmp_path / "out"), "--jobs", "2",
-                          "--fit-args", "--loggers csv"], capture_output=True, text=True, timeout=600, env=env)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    tagged = set()
-    for hp in (tmp_path / "out").glob("*/*/seed0/csv/version_0/hparams.yaml"):
-        h = yaml.safe_load(hp.read_text())
-        tagged.add((h["fedlight.table"], h["fedlight.row"], h["fedlight.column"], h["fedlight.seed"]))
-        assert hp.parent.joinpath("metrics.csv").read_text().count("\n") == 1 + 1 + 1  # header, round 1, summary
-    assert tagged == {("grid", r, c, 0) for r in ("fedavg", "scaffold") for c in ("lr05", "lr1")}
+
+    def fit_here(children, cmd, stdout, stderr, env):  # each cell's `fedlight fit` in this process (one import)
+        return main(cmd[3:])
+
+    monkeypatch.setattr(reproduce.Children, "call", fit_here)
+    assert main(["reproduce", str(tmp_path / "grid.yaml"), "--shrink", "rounds=1", "--out", str(tmp_path / "out"),
+                 "--fit-args", "--loggers mlflow"]) == 0
+    runs = mlflow.search_runs(experiment_names=["fedlight"], output_format="list")
+    cells = {(r.data.tags["table"], r.data.tags["row"], r.data.tags["column"], r.data.tags["seed"]) for r in runs}
+    assert len(runs) == 4 and cells == {("grid", r, c, "0") for r in ("fedavg", "scaffold") for c in ("lr05", "lr1")}
+    for r in runs:
+        assert r.data.params["loop.lr"] == {"lr05": "0.05", "lr1": "0.1"}[r.data.tags["column"]]
+        assert r.data.tags["algorithm"] == r.data.tags["row"]
