@@ -1,25 +1,21 @@
 """Trackers: a run in MLflow, Weights & Biases, a CSV file or any Lightning logger, beside TensorBoard.
 
-The ``loggers`` setting names them: ``tensorboard`` (fedlight's own writer, :mod:`fedlight.run.tensorboard`, the
-default), ``mlflow``, ``wandb``, ``csv`` (Lightning's ``MLFlowLogger``, ``WandbLogger``, ``CSVLogger``),
-or any Lightning/Fabric logger as ``{class_path: ..., init_args: {...}}``; an entry may add ``artifacts: false`` (no
-files at the end) or a list of file names. Only global rank 0 builds and feeds them, on a thread of their own.
+``loggers`` names them (parsed by :func:`parse`; docs/trackers.md): ``tensorboard`` (fedlight's own writer, the
+default), ``mlflow``, ``wandb``, ``csv`` (Lightning's ``MLFlowLogger``, ``WandbLogger``, ``CSVLogger``) or any
+Lightning/Fabric logger ``{class_path, init_args}``. Only global rank 0 feeds them, on a thread of their own: the
+recipe as params, the tags of :func:`run_tags` (plus a ``fedlight reproduce`` cell's), every ``metrics.jsonl`` row
+with the round as the step, then ``summary/*`` figures and the run's files as artifacts.
 
-What a tracker gets: the resolved recipe as params (flat dotted keys; W&B gets the nested config), the tags
-(algorithm, model, data, seed, fedlight version, git revision, run directory; a ``fedlight reproduce`` cell adds
-table, row, column and seed from ``reproduce.json``), every round's ``metrics.jsonl`` numbers with the round as the
-step, ``summary/*`` figures, and ``config.yaml``, ``summary.json``, ``final_model.pt`` as artifacts.
-
-``trackers.json`` in the run directory is the one place a tracker's run id lives: ``{name: {"id", "logged"}}``,
-``logged`` being the last round it holds. A round is sent once its checkpoint is on disk (every ``loop.save_every``
-rounds, and at the end), so a tracker holds exactly ``metrics.jsonl``'s numbers; a resumed run continues the same
-tracker run, sends the rows it lacks and skips those it holds. A tracker that cannot be reached at start refuses the
-run (:class:`ConfigError`, exit 2) before round 1; one that fails later is dropped with one warning line, training
-goes on, and ``summary.json`` lists the rounds it missed under ``trackers``.
+``trackers.json`` in the run directory is the one place a tracker's run id lives (``{name: {"id", "logged"}}``,
+``logged``: the last round it holds). A round is sent once its checkpoint is on disk, so a tracker holds exactly
+``metrics.jsonl``'s numbers; a resume continues the same tracker run and sends only the rows it lacks. Unreachable at
+start: :class:`ConfigError` (exit 2) before round 1; failing later: one warning line, training goes on, and
+``summary.json`` lists the rounds it missed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -29,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedlight.core.registry import closest
 from fedlight.errors import ConfigError
 from fedlight.run import atomic, faults
 from fedlight.run.directory import flatten
@@ -49,20 +46,15 @@ def parse(loggers: Any) -> tuple[bool, list[dict[str, Any]]]:
     or a missing package is a :class:`ConfigError` naming the fix."""
     if loggers in (None, False, "none", "false"):
         return False, []
-    items = loggers if isinstance(loggers, (list, tuple)) else [loggers]
-    tensorboard, out = False, []
-    for item in items:
-        if item == "tensorboard":
-            tensorboard = True
-        elif not isinstance(item, (str, dict)):  # a logger object (Python API)
-            out.append({"name": type(item).__name__, "logger": item, "artifacts": list(ARTIFACTS)})
-        else:
-            out.append(_entry(item))
-    names = [e["name"] for e in out]
-    for i, e in enumerate(out):  # two of one kind: csv, csv_2
-        if names.count(e["name"]) > 1:
-            e["name"] = f"{e['name']}_{names[:i + 1].count(e['name'])}" if names[:i].count(e["name"]) else e["name"]
-    return tensorboard, out
+    items = list(loggers) if isinstance(loggers, (list, tuple)) else [loggers]
+    out = [_entry(i) if isinstance(i, (str, dict)) else  # else a logger object (Python API)
+           {"name": type(i).__name__.lower(), "logger": i, "init_args": {}, "artifacts": list(ARTIFACTS)}
+           for i in items if i != "tensorboard"]
+    seen: list[str] = []
+    for e in out:  # two of one kind: csv, csv_2
+        seen.append(e["name"])
+        e["name"] += f"_{seen.count(e['name'])}" if seen.count(e["name"]) > 1 else ""
+    return "tensorboard" in items, out
 
 
 def _entry(item: str | dict[str, Any]) -> dict[str, Any]:
@@ -75,8 +67,8 @@ def _entry(item: str | dict[str, Any]) -> dict[str, Any]:
     name = path if path in NAMES else path.rsplit(".", 1)[-1].lower()
     path, package = NAMES.get(path, (path, None))
     if "." not in path:
-        raise ConfigError(f"`loggers`: unknown logger {item!r}; give tensorboard, mlflow, wandb, csv or a class path "
-                          "such as lightning.pytorch.loggers.MLFlowLogger")
+        raise ConfigError(f"`loggers`: unknown logger {item!r}{closest(path, ['tensorboard', *NAMES])} (give "
+                          "tensorboard, mlflow, wandb, csv or a class path such as lightning.pytorch.loggers.X)")
     if package is not None and importlib.util.find_spec(package) is None:
         raise ConfigError(f"`loggers`: {name} needs the `{package}` package: pip install 'fedlight[{name}]'")
     arts = spec.get("artifacts", True)
@@ -100,8 +92,9 @@ class Trackers:
         from fedlight.run.record import CheckpointWriter  # the record's one-thread, in-order job runner
 
         self.entries, self.out, self.text = entries, Path(out), config_text
-        self.tags = {**tags, **_cell(self.out)}
-        self.state: dict[str, dict[str, Any]] = _read(self.out / FILE) if resumed else {}
+        cell = _json(self.out / "reproduce.json").get("cell") or {}  # a `fedlight reproduce` cell's run
+        self.tags = {**tags, **{k: cell[k] for k in ("table", "row", "column", "seed") if k in cell}}
+        self.state: dict[str, dict[str, Any]] = _json(self.out / FILE) if resumed else {}
         self.loggers: dict[str, Any] = {}
         self.failed: dict[str, int] = {}  # name -> the first round it missed
         self.last_round = 0
@@ -135,10 +128,7 @@ class Trackers:
 
     def _build(self, e: dict[str, Any], run_id: str | None):
         module, _, cls_name = e["class_path"].rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module), cls_name)
-        except (ImportError, AttributeError) as err:
-            raise ConfigError(f"`loggers`: cannot import {e['class_path']}: {_line(err)}") from None
+        cls = getattr(importlib.import_module(module), cls_name)  # an error here is "cannot start" (see start)
         params = inspect.signature(cls).parameters
         ours = e["name"].startswith(("mlflow", "wandb"))  # WandbLogger hands **kwargs to wandb.init
         args = {**{k: v for k, v in self._defaults(e["name"]).items() if ours or k in params}, **e["init_args"]}
@@ -172,17 +162,15 @@ class Trackers:
         else:
             flat = flatten(config) if isinstance(config, dict) else {}
             is_mlflow = hasattr(logger.experiment, "set_tag")  # its tags were set with the run
-            try:
+            with contextlib.suppress(NotImplementedError):  # Fabric's own CSV/TensorBoard loggers take no params
                 logger.log_hyperparams({k: str(v) for k, v in flat.items()} if is_mlflow else  # [] and {} kept
                                        {**flat, **{f"fedlight.{k}": v for k, v in self.tags.items()}})
-            except NotImplementedError:  # Fabric's own CSVLogger and TensorBoardLogger take no params
-                pass
 
     # ------------------------------------------------------------------------------------------ rounds
     def begin(self, rows: list[dict[str, Any]]) -> None:
         """Send the rows of ``metrics.jsonl`` a tracker lacks (a resumed run, a tracker added on resume)."""
-        for row in rows:
-            self.log_round(row)
+        self.pending = list(rows)
+        self._release()
 
     def log_round(self, row: dict[str, Any], durable: bool = True) -> None:
         """Queue ``row``; send it and the rows before it once ``durable`` (its round's checkpoint is on disk), so a
@@ -219,17 +207,14 @@ class Trackers:
         """``summary.json``'s ``trackers``: each tracker's run id and the rounds it missed (``"3-5"``, or ``None``)."""
         self._release()  # the run finished: every row is final
         self.writer.wait()
-        return {name: {"id": self.state[name]["id"],
-                       "missed_rounds": round_ranges(list(range(self.state[name]["logged"] + 1,
-                                                                self.last_round + 1))) or None}
-                for name in self.loggers}
+        missed = {n: list(range(self.state[n]["logged"] + 1, self.last_round + 1)) for n in self.loggers}
+        return {n: {"id": self.state[n]["id"], "missed_rounds": round_ranges(missed[n]) or None} for n in missed}
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Summary figures and the run's files to every tracker still working, then close their runs."""
         figures = {f"summary/{k}": v for k, v in flatten(summary).items() if _number(v)}
         for e in self.entries:
-            name = e["name"]
-            logger = self.loggers.get(name)
+            name, logger = e["name"], self.loggers.get(e["name"])
             if logger is None or name in self.failed:
                 continue
             try:
@@ -250,15 +235,11 @@ class Trackers:
         """Stop the thread; a tracker run left unfinished (stop, failure) is marked so (MLflow: KILLED)."""
         if self.writer.wait in faults.DRAIN:
             faults.DRAIN.remove(self.writer.wait)
-        try:
+        with contextlib.suppress(Exception):  # its failures were reported where they happened
             self.writer.close()
-        except Exception:  # noqa: BLE001, S110 - its failures were reported where they happened
-            pass
         for logger in self.loggers.values():
-            try:
+            with contextlib.suppress(Exception):  # the tracker is gone; the run's files are what counts
                 _end(logger, "KILLED" if hasattr(logger, "run_id") else "failed")
-            except Exception:  # noqa: BLE001, S110 - the tracker is gone; the run's files are what counts
-                pass
         self.loggers = {}
 
     def _save(self) -> None:
@@ -276,10 +257,7 @@ def _number(v: Any) -> bool:
 
 def _run_id(logger) -> str:
     run_id = getattr(logger, "run_id", None)  # MLflow (touching it creates the run)
-    if run_id is None:
-        _ = logger.experiment  # W&B: wandb.init; CSV: the writer
-        run_id = logger.version
-    return str(run_id)
+    return str(run_id if run_id is not None else (logger.experiment, logger.version)[1])  # W&B: wandb.init
 
 
 def _end(logger, status: str) -> None:
@@ -310,21 +288,10 @@ def run_tags(algorithm, model, data, seed: int, out: Path) -> dict[str, Any]:
             "git_revision": git_revision(), "run_dir": str(Path(out).resolve())}
 
 
-def _cell(out: Path) -> dict[str, Any]:
-    """Table, row, column and seed of a ``fedlight reproduce`` run (its ``reproduce.json``), else nothing."""
-    try:
-        cell = json.loads((out / "reproduce.json").read_text()).get("cell") or {}
-    except (OSError, ValueError):
-        return {}
-    return {k: cell[k] for k in ("table", "row", "column", "seed") if k in cell}
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+def _json(path: Path) -> dict[str, Any]:
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads(path.read_text()) or {}
+    return {}
 
 
 def _line(err: BaseException) -> str:

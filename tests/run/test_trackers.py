@@ -41,6 +41,15 @@ def _assert_history(client, run_id, rows):
         assert history == want, key
 
 
+def test_unknown_logger_is_one_line_before_anything(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["fit", "--config", TINY, "--out_dir", str(out), "--loggers", "[tensorboard, mlfow]"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["fedlight fit: error: `loggers`: unknown logger 'mlfow'; did you mean 'mlflow'? (give "
+                   "tensorboard, mlflow, wandb, csv or a class path such as lightning.pytorch.loggers.X)"], err
+    assert not out.exists()
+
+
 @pytest.fixture()
 def mlflow_store(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
