@@ -243,9 +243,6 @@ class RunRecord:
     def close(self, refused: bool = False) -> None:
         """Release everything; safe to call twice and after a failure."""
         self.progress.close()
-        trackers, self.trackers = self.trackers, None
-        if trackers is not None:
-            trackers.close()
         if self.writer is not None:
             if self.writer.wait in faults.DRAIN:
                 faults.DRAIN.remove(self.writer.wait)
@@ -253,6 +250,9 @@ class RunRecord:
                 self.writer.close()
             finally:
                 self.writer = None
+                trackers, self.trackers = self.trackers, None
+                if trackers is not None:  # after the record's jobs, which hand it rows
+                    trackers.close()
                 logger, self.logger = self.logger, None
                 try:
                     if logger is not None:

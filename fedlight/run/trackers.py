@@ -156,15 +156,15 @@ class Trackers:
     def _describe(self, logger) -> None:
         import yaml
 
-        config = yaml.safe_load(self.text or "") or {}
+        recipe = self.out / "config.yaml"  # the run's own (a resume's command may differ in execution settings)
+        config = yaml.safe_load(recipe.read_text() if recipe.is_file() else self.text or "") or {}
         if _is_wandb(logger):
-            logger.log_hyperparams(config)  # nested: W&B shows it by section
-        else:
-            flat = flatten(config) if isinstance(config, dict) else {}
-            is_mlflow = hasattr(logger.experiment, "set_tag")  # its tags were set with the run
-            with contextlib.suppress(NotImplementedError):  # Fabric's own CSV/TensorBoard loggers take no params
-                logger.log_hyperparams({k: str(v) for k, v in flat.items()} if is_mlflow else  # [] and {} kept
-                                       {**flat, **{f"fedlight.{k}": v for k, v in self.tags.items()}})
+            return logger.log_hyperparams(config)  # nested: W&B shows it by section
+        flat = flatten(config) if isinstance(config, dict) else {}
+        is_mlflow = hasattr(logger.experiment, "set_tag")  # its tags were set with the run
+        with contextlib.suppress(NotImplementedError):  # Fabric's own CSV/TensorBoard loggers take no params
+            logger.log_hyperparams({k: str(v) for k, v in flat.items()} if is_mlflow else  # [] and {} kept
+                                   {**flat, **{f"fedlight.{k}": v for k, v in self.tags.items()}})
 
     # ------------------------------------------------------------------------------------------ rounds
     def begin(self, rows: list[dict[str, Any]]) -> None:
