@@ -175,17 +175,17 @@ def _train(driver: FitDriver, record: RunRecord, plan: Plan) -> dict[str, Any]:
     with stops.disk_guard(record):
         record.open(text, plan.data, overwrite=bool(plan.clear) and plan.ckpt is None, fresh=plan.ckpt is None,
                     tensorboard=plan.trackers[0])
-        launch.agree(driver.loop.fabric, lambda: _start_trackers(record, driver.loop, plan, text))  # before round 1
+        launch.agree(driver.loop.fabric, lambda: _start_trackers(record, driver, plan, text))  # before round 1
         with stops.stop_signals():
             driver.fit()
             return driver.finish()
 
 
-def _start_trackers(record: RunRecord, loop: FederatedLoop, plan: Plan, text: str) -> None:
+def _start_trackers(record: RunRecord, driver: FitDriver, plan: Plan, text: str) -> None:
     """Reach the trackers asked for (global rank 0): an unreachable one refuses the run before round 1."""
     if not plan.trackers[1] or not record.rank0:
         return
-    tags = trackers.run_tags(loop.algorithm, plan.model, plan.data, plan.seed, plan.out)
+    tags = trackers.run_tags(driver.algorithm, plan.model, plan.data, plan.seed, plan.out)
     record.trackers = trackers.Trackers(plan.trackers[1], plan.out, tags, text, resumed=plan.ckpt is not None)
     record.trackers.start()
 
