@@ -80,7 +80,7 @@ def fit(
     resume: str | None = None,
     overwrite: bool = False,
     task: Task | None = None,
-    loggers: list[str | dict[str, Any]] | dict[str, Any] | str | None = "tensorboard",
+    loggers: list | dict | str | None = "tensorboard",
     _config_text: str | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` federatedly with ``algorithm`` on ``data`` and write the run record to ``out_dir``.
@@ -112,11 +112,7 @@ def fit(
         task: what the model is trained and evaluated for (:mod:`fedlight.tasks`: ``Classification``,
             ``Regression``, ``TextClassification``, ``LanguageModeling``); default: a LightningModule's own,
             else the data module's (classification for fedlight's datasets).
-        loggers: where the run is tracked besides its files: ``tensorboard`` (the default), ``mlflow``, ``wandb``,
-            ``csv``, a Lightning/Fabric logger ``{class_path: ..., init_args: {...}}`` (``artifacts: false`` to send
-            no files), or a list of these; ``[]`` for none. MLflow reads ``MLFLOW_TRACKING_URI``, W&B
-            ``WANDB_PROJECT``/``WANDB_MODE``; a resumed run continues the same tracker run
-            (:mod:`fedlight.run.trackers`).
+        loggers: tensorboard, mlflow, wandb, csv, a Lightning logger spec or a list (docs/trackers.md).
 
     Returns:
         The summary (also written to ``out_dir/summary.json``).

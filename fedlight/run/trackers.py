@@ -257,7 +257,7 @@ def _number(v: Any) -> bool:
 
 def _run_id(logger) -> str:
     run_id = getattr(logger, "run_id", None)  # MLflow (touching it creates the run)
-    return str(run_id if run_id is not None else (logger.experiment, logger.version)[1])  # W&B: wandb.init
+    return run_id if run_id is not None else (logger.experiment, logger.version)[1]  # W&B: wandb.init; CSV: 0
 
 
 def _end(logger, status: str) -> None:

@@ -227,3 +227,32 @@ def test_reproduce_of_a_2x2_table_gives_4_mlflow_runs_tagged_with_their_cells(ml
     for r in runs:
         assert r.data.params["loop.lr"] == {"lr05": "0.05", "lr1": "0.1"}[r.data.tags["column"]]
         assert r.data.tags["algorithm"] == r.data.tags["row"]
+
+
+def test_sigterm_then_resume_continues_the_csv_logger_run_once_per_round(tmp_path):
+    """SIGTERM in round 3 (checkpoints every 2 rounds): the run stops after round 3 with its checkpoint and the tracker
+    holding rounds 1-3; the resume logs round 4 only, in the same CSVLogger version folder."""
+    import csv
+
+    out, ready = tmp_path / "run", tmp_path / "ready"
+    args = ["--loop.rounds", "4", "--loop.save_every", "2", "--loggers", "csv", "--resume", "auto"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "FEDLIGHT_FAULT": "train@3:pause", "FEDLIGHT_FAULT_READY": str(ready)}
+    proc = subprocess.Popen([sys.executable, "-m", "fedlight.config.cli", "fit", "--config", TINY, "--out_dir",
+                             str(out), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert json.loads((out / "trackers.json").read_text())["csv"] == {"id": 0, "logged": 3}
+    assert main(["fit", "--config", TINY, "--out_dir", str(out), *args]) == 0
+    with open(out / "csv" / "version_0" / "metrics.csv") as f:
+        logged = [r for r in csv.DictReader(f) if r["train_loss"]]
+    rows = _rows(out)
+    assert [int(r["step"]) for r in logged] == [1, 2, 3, 4]
+    assert [float(r["train_loss"]) for r in logged] == [row["train_loss"] for row in rows]
+    hparams = yaml.safe_load((out / "csv" / "version_0" / "hparams.yaml").read_text())
+    assert hparams["loop.rounds"] == 4 and hparams["fedlight.algorithm"] == "scaffold"
