@@ -16,7 +16,7 @@ A *table spec* (``recipes/tables/*.yaml``) names a base recipe, a grid of overri
     notes: how this setup differs from the paper's
 
 Overrides are ``fedlight fit`` flags without the dashes (``loop.rounds: 2`` → ``--loop.rounds 2``). A column
-may also carry ``metric:``; columns without overrides share one set of runs (e.g. rounds to 70 % and to 72 %).
+may also carry ``metric:``; columns that differ only in it share one set of runs (e.g. rounds to 70 % and to 72 %).
 Cell ``row/col`` runs, for seed k, as the subprocess ``python -m fedlight.config.cli fit --config BASE <overrides>
 --seed k --out_dir OUT/<row>/<col>/seed<k> --resume auto``: ``--jobs`` is process parallelism, finished runs
 are skipped, interrupted ones resume, and ``reproduce.json`` keeps another command from reusing a run folder.
@@ -160,17 +160,18 @@ def base_path(spec: dict[str, Any]) -> Path:
 
 
 def cells(spec: dict[str, Any]) -> list[Cell]:
-    """The grid, column by column. Runs live in OUT/<row>/<column>/seed<k>; columns without overrides of their
-    own (e.g. rounds to 70 % and to 72 %) share the runs of the first such column."""
+    """The grid, column by column. Runs live in OUT/<row>/<column>/seed<k>; columns that differ only in their
+    ``metric`` (e.g. accuracy after 1000 rounds and rounds to 78 % of the same runs) share the runs of the first
+    such column."""
     cols = {c: dict(v or {}) for c, v in spec["columns"].items()}
-    shared = next((c for c, v in cols.items() if not set(v) - {"metric"}), None)
-    out = []
+    out, first = [], {}
     for col, cov in cols.items():
         metric = cov.pop("metric", spec["metric"])
         for row, rov in spec["rows"].items():
             extra = (spec.get("cell_overrides") or {}).get(f"{row}/{col}") or {}
             ov = {**(spec.get("overrides") or {}), **cov, **(rov or {}), **extra}
-            out.append(Cell(row, col, metric, ov, f"{row}/{col if cov or extra else shared}"))
+            owner = first.setdefault((row, json.dumps([cov, extra], sort_keys=True, default=str)), col)
+            out.append(Cell(row, col, metric, ov, f"{row}/{owner}"))
     return out
 
 
