@@ -98,3 +98,18 @@ def test_per_gpu_auto_packs_the_table_first_run_alone_seed_zero_first(tmp_path, 
     env = starts[0][3]
     assert env["OMP_NUM_THREADS"] in ("1", "2") and float(env[gpu_share.FRACTION_ENV]) == pytest.approx(0.2375)
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor") and all(s[3] == env for s in starts)
+
+
+def test_first_run_gate_opens_on_a_new_round_also_after_a_cut(tmp_path):
+    m = tmp_path / "metrics.jsonl"
+    m.write_text('{"round": 1}\n{"round": 2}\n{"round": 3}\n')
+    gate = gpu_share.FirstRun(tmp_path)
+    assert not gate.open()
+    m.write_text('{"round": 1}\n{"round": 2}\n')  # resumed from the checkpoint of round 2: round 3 cut
+    assert not gate.open()
+    m.write_text('{"round": 1}\n{"round": 2}\n{"round": 3}\n')  # its first round since the start
+    assert gate.open()
+    fresh = gpu_share.FirstRun(tmp_path / "none")
+    assert not fresh.open()
+    fresh.ended = True  # the run ended before a round (failed): nobody waits for it
+    assert fresh.open()

@@ -14,7 +14,9 @@
 #                                       table for at most S seconds in all (default 540); a call that brings a part
 #                                       but not yet the last says which are missing and exits 0
 #   bash tools/gpu_table.sh --smoke     the whole path on the CPU at a tiny size (tests/test_gpu_table.py)
-# docs/reproducing_tables.md gives the exact `run` calls. Variables: PER_GPU (auto), SEEDS (3), CELLS, RESTORE_FROM.
+# docs/reproducing_tables.md gives the exact `run` calls. Variables: PER_GPU (auto), SEEDS (3), CELLS, RESTORE_FROM,
+# FIT_ARGS (how the runs execute; default "--loop.save_every 25": a checkpoint every 25 rounds, and one whenever a
+# run is stopped, instead of one per round from 16 processes at once).
 set -u
 MODE=gpu; LIMIT=540
 while [ $# -gt 0 ]; do
@@ -107,7 +109,7 @@ BUDGET=$(( LIMIT - ($(date +%s) - T0) - RESERVE ))
 rc=1
 if [ $BUDGET -gt 10 ]; then
   timeout -s TERM -k 40 $BUDGET $PY -m fedlight reproduce fednsam_table2 --cells "$CELLS" --seeds "$SEEDS" "${PER[@]}" \
-    "${SHRINK[@]}" --out "$TABLE"
+    "${SHRINK[@]}" --out "$TABLE" --fit-args "${FIT_ARGS:---loop.save_every 25}"
   rc=$?; el "reproduce exit $rc$([ $rc = 124 ] || [ $rc = 143 ] && echo ': stopped at the limit; the next call resumes')"
 else
   el "no time left for runs (limit $LIMIT s)"

@@ -87,7 +87,7 @@ class FirstRun:
 
     def __init__(self, path: Path, poll_s: float = 0.5, limit_s: float = 900.0) -> None:
         self.metrics = Path(path) / "metrics.jsonl"
-        self.size0 = self._size()
+        self.low = self._size()  # the smallest size seen: a resumed run may first cut rows past its checkpoint
         self.ended = False
         self.poll_s, self.limit_s = poll_s, limit_s
 
@@ -98,7 +98,9 @@ class FirstRun:
             return 0
 
     def open(self) -> bool:
-        return self.ended or self._size() > self.size0
+        size = self._size()
+        self.low = min(self.low, size)
+        return self.ended or size > self.low
 
     def wait(self, stop=lambda: False) -> None:
         t0 = time.time()
