@@ -54,6 +54,11 @@ def test_pack_unpack_round_trip_and_damage(tmp_path, capsys):
     with pytest.raises(parts_tool.PartsError, match="exists and differs"):
         parts_tool.unpack(tmp_path / "parts", tmp_path / "there")
     assert json.loads((tmp_path / "parts" / "set.manifest.json").read_text())["files"]["sub/b.txt"]
+    cut = parts_tool.resplit(tmp_path / "parts", part_mib=5000 / 2**20)  # the same stream, cut again
+    assert cut["sha256"] == m["sha256"] and len(cut["parts"]) < len(m["parts"])
+    assert len(list((tmp_path / "parts").glob("set.tar.xz.part*"))) == len(cut["parts"])
+    assert parts_tool.unpack(tmp_path / "parts", tmp_path / "again") == tmp_path / "again" / "set"
+    assert (tmp_path / "again" / "set" / "a.bin").read_bytes() == (src / "a.bin").read_bytes()
 
 
 def test_cifar10_pickles_hold_what_fedlight_reads_from_the_jpeg_copy(tmp_path, monkeypatch):

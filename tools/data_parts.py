@@ -2,7 +2,7 @@
 limit and with its SHA-256, and on the other side check and reassemble them.
 
     python tools/data_parts.py cifar10 .gpu/staging               # the decoded CIFAR-10 as torchvision's pickles
-    python tools/data_parts.py pack .gpu/staging/cifar-10-batches-py .gpu/parts --part-mib 56
+    python tools/data_parts.py pack .gpu/staging/cifar-10-batches-py .gpu/parts   # parts of at most 59 MiB
     python tools/data_parts.py unpack .gpu/parts .gpu/data        # there: checks every part, then extracts
 
 ``cifar10 DEST`` writes ``DEST/cifar-10-batches-py`` (``data_batch_1..5``, ``test_batch``) from the data root's
@@ -29,6 +29,9 @@ from pathlib import Path
 
 FILTERS = [{"id": lzma.FILTER_DELTA, "dist": 1}, {"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
 CHUNK = 1 << 20
+PART_MIB = 59.0
+"""Default largest part: the decoded CIFAR-10 (123.7 MB packed) in two parts; each call then carries one part (59
+MiB), the manifest and the wheels (1 MiB) beside a checkout of ~2.5 MiB, below the 64 MiB a call may carry."""
 
 
 class PartsError(Exception):
@@ -52,17 +55,14 @@ def files_of(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def pack(src: Path, parts: Path, part_mib: float = 56.0) -> dict:
+def pack(src: Path, parts: Path, part_mib: float = PART_MIB) -> dict:
     """Tar + xz ``src`` into parts of at most ``part_mib`` MiB under ``parts``; returns the manifest (also written)."""
     src = Path(src)
     if not src.is_dir():
         raise PartsError(f"pack: {src} is not a folder")
-    limit = int(part_mib * (1 << 20))
-    if limit < 1:
+    if part_mib <= 0:
         raise PartsError(f"--part-mib must be positive, got {part_mib}")
     parts.mkdir(parents=True, exist_ok=True)
-    for old in parts.glob(f"{src.name}.tar.xz.part*"):
-        old.unlink()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for p in sorted(src.rglob("*")):
@@ -71,15 +71,35 @@ def pack(src: Path, parts: Path, part_mib: float = 56.0) -> dict:
             with open(p, "rb") if p.is_file() else io.BytesIO() as f:
                 tar.addfile(info, f if p.is_file() else None)
     stream = lzma.compress(buf.getvalue(), format=lzma.FORMAT_XZ, filters=FILTERS)
-    manifest = {"name": src.name, "bytes": len(stream), "sha256": hashlib.sha256(stream).hexdigest(),
-                "part_mib": part_mib, "parts": [], "files": files_of(src)}
+    return write_parts(stream, {"name": src.name, "files": files_of(src)}, parts, part_mib)
+
+
+def write_parts(stream: bytes, manifest: dict, parts: Path, part_mib: float) -> dict:
+    """Split ``stream`` into ``parts/<name>.tar.xz.partNN`` of at most ``part_mib`` MiB; write the manifest."""
+    limit = int(part_mib * (1 << 20))
+    if limit < 1:
+        raise PartsError(f"--part-mib must be positive, got {part_mib}")
+    for old in parts.glob(f"{manifest['name']}.tar.xz.part*"):
+        old.unlink()
+    manifest = {"name": manifest["name"], "bytes": len(stream), "sha256": hashlib.sha256(stream).hexdigest(),
+                "part_mib": part_mib, "parts": [], "files": manifest["files"]}
     for i, start in enumerate(range(0, len(stream), limit), 1):
         piece = stream[start:start + limit]
-        name = f"{src.name}.tar.xz.part{i:02d}"
+        name = f"{manifest['name']}.tar.xz.part{i:02d}"
         (parts / name).write_bytes(piece)
         manifest["parts"].append({"name": name, "bytes": len(piece), "sha256": hashlib.sha256(piece).hexdigest()})
-    (parts / f"{src.name}.manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (parts / f"{manifest['name']}.manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
+
+
+def resplit(parts: Path, part_mib: float) -> dict:
+    """The packed stream under ``parts`` cut again into parts of at most ``part_mib`` MiB (no recompression)."""
+    manifest = manifest_of(parts)
+    check_parts(parts, manifest)
+    stream = b"".join((parts / p["name"]).read_bytes() for p in manifest["parts"])
+    if hashlib.sha256(stream).hexdigest() != manifest["sha256"]:
+        raise PartsError("resplit: the joined parts differ from the manifest's SHA-256; pack again")
+    return write_parts(stream, manifest, parts, part_mib)
 
 
 def manifest_of(parts: Path) -> dict:
@@ -171,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     k = sub.add_parser("pack", help="pack a folder into parts with SHA-256s")
     k.add_argument("src", type=Path)
     k.add_argument("parts", type=Path)
-    k.add_argument("--part-mib", type=float, default=56.0, help="largest part, MiB (default 56: one part and the "
-                   "checkout fit one 64 MiB transfer)")
+    k.add_argument("--part-mib", type=float, default=PART_MIB, help=f"largest part, MiB (default {PART_MIB:g}: "
+                   "one part, the manifest, the wheels and a small checkout fit one 64 MiB transfer)")
+    r = sub.add_parser("resplit", help="cut packed parts again to another size (no recompression)")
+    r.add_argument("parts", type=Path)
+    r.add_argument("--part-mib", type=float, default=PART_MIB)
     u = sub.add_parser("unpack", help="check the parts, reassemble and extract DEST/<name>")
     u.add_argument("parts", type=Path)
     u.add_argument("dest", type=Path)
@@ -180,10 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.cmd == "cifar10":
             print(f"wrote {cifar10_pickles(a.dest)}")
-        elif a.cmd == "pack":
-            m = pack(a.src, a.parts, a.part_mib)
+        elif a.cmd in ("pack", "resplit"):
+            m = pack(a.src, a.parts, a.part_mib) if a.cmd == "pack" else resplit(a.parts, a.part_mib)
             sizes = ", ".join(f"{q['name']} {q['bytes'] / (1 << 20):.1f} MiB" for q in m["parts"])
-            print(f"packed {a.src} ({len(m['files'])} files) into {len(m['parts'])} parts: {sizes}; sha256 "
+            print(f"packed {m['name']} ({len(m['files'])} files) into {len(m['parts'])} parts: {sizes}; sha256 "
                   f"{m['sha256'][:16]}…")
         else:
             print(f"unpacked and checked {unpack(a.parts, a.dest)}")

@@ -8,7 +8,7 @@
 # env.txt. Untar it in the project root and commit.
 #
 #   bash tools/gpu_table.sh --prepare   HERE, once: .gpu/whl (jsonargparse & co. for the GPU machine's Python 3.12)
-#                                       and .gpu/parts (the decoded CIFAR-10 in parts below 56 MiB, with SHA-256s)
+#                                       and .gpu/parts (the decoded CIFAR-10 in two parts of <= 59 MiB, with SHA-256s)
 #   bash tools/gpu_table.sh [--limit S] THERE (the `run` tool, carry .gpu/whl + the manifest + one part per call):
 #                                       reassembles and checks the data once every part has come, then runs the
 #                                       table for at most S seconds in all (default 540); a call that brings a part
@@ -38,7 +38,7 @@ if [ $MODE = prepare ]; then
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d "$D/whl" \
     jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0
   [ -d "$D/staging/cifar-10-batches-py" ] || $PY tools/data_parts.py cifar10 "$D/staging"
-  $PY tools/data_parts.py pack "$D/staging/cifar-10-batches-py" "$D/parts" --part-mib 56
+  $PY tools/data_parts.py pack "$D/staging/cifar-10-batches-py" "$D/parts"  # two parts of <= 59 MiB
   ls -l "$D/whl" "$D/parts"; exit 0
 fi
 
