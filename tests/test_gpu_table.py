@@ -10,6 +10,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -19,7 +20,7 @@ RES = "results/fednsam_table2_lenet5_cifar10"
 
 def smoke(tmp_path: Path, out: str, **env) -> str:
     env = {**os.environ, "OUT": str(tmp_path / out), "SMOKE_DIR": str(tmp_path / "smoke"), "OMP_NUM_THREADS": "1",
-           **env}
+           "PYTHON": sys.executable, **env}
     res = subprocess.run(["bash", "tools/gpu_table.sh", "--smoke"], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]

@@ -14,7 +14,7 @@
 #                                       table for at most S seconds in all (default 540); a call that brings a part
 #                                       but not yet the last says which are missing and exits 0
 #   bash tools/gpu_table.sh --smoke     the whole path on the CPU at a tiny size (tests/test_gpu_table.py)
-# docs/reproducing_tables.md gives the exact `run` calls. Variables: PER_GPU (auto), SEEDS (3), CELLS, RESTORE_FROM,
+# docs/reproducing_tables.md gives the exact `run` calls. Variables: PER_GPU (auto), SEEDS (3), CELLS, RESTORE_FROM, PYTHON,
 # FIT_ARGS (how the runs execute; default "--loop.save_every 25": a checkpoint every 25 rounds, and one whenever a
 # run is stopped, instead of one per round from 16 processes at once).
 set -u
@@ -29,7 +29,7 @@ done
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 D=${GPU_ASSETS:-$PWD/.gpu}
 NAME=fednsam_table2_lenet5_cifar10
-CELLS=${CELLS:-*/lenet5_cifar10,*/lenet5_cifar10_to78}; SEEDS=${SEEDS:-3}; PY=python3
+CELLS=${CELLS:-*/lenet5_cifar10,*/lenet5_cifar10_to78}; SEEDS=${SEEDS:-3}; PY=${PYTHON:-python3}
 
 if [ $MODE = prepare ]; then
   set -e
