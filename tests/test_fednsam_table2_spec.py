@@ -39,13 +39,14 @@ fednsam  83.82±0.15 181 87.86±0.29 137 91.35±0.33 272 53.61±0.20 633 56.33±
 
 
 def table2() -> dict[tuple[str, str], object]:
-    """``(row, spec column) -> value`` as the spec writes it: "79.63 ± 0.27", 574, "not reached" or None."""
+    """``(row, spec column) -> value`` as the spec writes it: "79.63 ± 0.27", 574, "not reached", or "absent" (the
+    paper prints no number)."""
     out = {}
     for line in TABLE2.strip().splitlines():
         row, *cells = line.split()
         assert len(cells) == 2 * len(COLUMNS), row
         for (acc_col, to_col, *_), acc, rounds in zip(COLUMNS, cells[::2], cells[1::2]):
-            out[row, acc_col] = None if acc == "—" else acc.replace("±", " ± ")
+            out[row, acc_col] = "absent" if acc == "—" else acc.replace("±", " ± ")
             out[row, to_col] = "not reached" if rounds == "1000+" else int(rounds)
     return out
 
