@@ -34,8 +34,8 @@ CELLS=${CELLS:-*/lenet5_cifar10,*/lenet5_cifar10_to78}; SEEDS=${SEEDS:-3}; PY=${
 if [ $MODE = prepare ]; then
   set -e
   mkdir -p "$D/whl"
-  $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d "$D/whl" \
+  ls "$D"/whl/jsonargparse-*.whl > /dev/null 2>&1 || $PY -m pip download -q --no-deps --only-binary=:all: \
+    --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d "$D/whl" \
     jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0
   [ -d "$D/staging/cifar-10-batches-py" ] || FEDLIGHT_DATA=${FEDLIGHT_DATA:-../shared/data} \
     $PY tools/data_parts.py cifar10 "$D/staging"  # the JPEG copy, decoded as fedlight decodes it
