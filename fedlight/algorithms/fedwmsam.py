@@ -30,7 +30,7 @@ from typing import Literal
 
 import torch
 
-from fedlight.algorithms.compose import ComposedClient, Perturbation, ServerWrapper, state_params
+from fedlight.algorithms.compose import ComposedClient, Perturbation, ServerWrapper, released, state_params
 from fedlight.algorithms.fedcm import MomentumCorrection, PseudoGradientServer
 from fedlight.algorithms.scaffold import ScaffoldCorrection, ScaffoldServer
 from fedlight.core import params as P
@@ -40,8 +40,6 @@ from fedlight.errors import check
 
 ALPHA_MIN, ALPHA_MAX = 0.1, 0.9  # clip range of α̂ (eq. 4)
 
-
-PERTURBATIONS = ("paper", "released")
 
 
 class WMSAMPerturbation(Perturbation):
@@ -61,9 +59,8 @@ class WMSAMPerturbation(Perturbation):
     uses_backprop = False
 
     def __init__(self, rho: float, form: str = "paper") -> None:
-        check(form in PERTURBATIONS, f"`algorithm.perturbation` must be one of {PERTURBATIONS}, got {form!r}")
         self.rho = rho
-        self.sign = 1.0 if form == "paper" else -1.0
+        self.sign = -1.0 if released("perturbation", form) else 1.0
 
     def __call__(self, model, batch, ctx):
         b = ctx.step_index
@@ -214,9 +211,7 @@ class FedWMSAM(Algorithm):
         check(0 <= gamma <= 1, f"`algorithm.gamma` must be in [0, 1], got {gamma}")
         check(similarity in ("momentum", "update"),
               f"`algorithm.similarity` must be 'momentum' or 'update', got {similarity!r}")
-        check(perturbation in PERTURBATIONS,
-              f"`algorithm.perturbation` must be 'paper' (Algorithm 1) or 'released' (the authors' code's sign), "
-              f"got {perturbation!r}")
+        released("perturbation", perturbation)  # checked here too: ``sam=False`` builds no perturbation
         check(server_lr > 0, f"`algorithm.server_lr` must be > 0, got {server_lr}")
         super().__init__(*fedwmsam_rules(alpha, rho, gamma, personalized, sam, adaptive, similarity, perturbation,
                                          server_lr))

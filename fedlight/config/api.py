@@ -7,7 +7,6 @@ builds the engine — :class:`~fedlight.engine.loop.FederatedLoop` inside a :cla
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,14 +27,12 @@ from fedlight.core.spec import build, describe
 from fedlight.data import FederatedDataModule, as_federated
 from fedlight.data.augment import adopt_preprocessing
 from fedlight.engine.driver import FitDriver
-from fedlight.engine.loop import FederatedLoop
 from fedlight.errors import ConfigError, check
 from fedlight.run import stops
 from fedlight.run.directory import settings_hash, split_settings
 from fedlight.run.faults import fault
-from fedlight.run.files import is_fraction
 from fedlight.run.record import RunRecord
-from fedlight.tasks import Task, resolve_task
+from fedlight.tasks import Task
 
 PRECISIONS = ("32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed")
 
@@ -130,8 +127,7 @@ def fit(
     refused, agreed = True, False
     try:
         driver = _prepare(fabric, plan, record)
-        _annotate(record, driver.loop, plan)
-        record.watch.hint = getattr(driver.loop.task, "hint", None) or record.watch.hint  # the optimizer really used
+        _annotate(record, driver, plan)
         refused = False
         try:
             summary = _train(driver, record, plan)
@@ -163,13 +159,15 @@ def _record(fabric, plan: Plan) -> RunRecord:
 
 
 def _train(driver: FitDriver, record: RunRecord, plan: Plan) -> dict[str, Any]:
-    """Open the run's files and run the rounds: a failed write is one message (exit 74), a stop signal a clean stop."""
-    effective = driver.loop.task.effective  # what trained, where the loop settings do not apply
+    """Open the run's files, run the rounds and finish: a failed write is one message (exit 74), a stop signal a
+    clean stop."""
+    effective = driver.task.effective  # what trained, where the loop settings do not apply
     text = plan.text + (f"# fedlight: local optimization used: {effective}\n" if effective else "")
     with stops.disk_guard(record):
         record.open(text, plan.data, overwrite=bool(plan.clear) and plan.ckpt is None, fresh=plan.ckpt is None)
         with stops.stop_signals():
-            return driver.fit()
+            driver.fit()
+            return driver.finish()
 
 
 def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, text, world) -> Plan:
@@ -186,12 +184,10 @@ def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, t
                 out=Path(out_dir) if out_dir else Path("runs") / name)
 
 
-def _annotate(record: RunRecord, loop: FederatedLoop, plan: Plan) -> None:
-    """What the run record adds to the summary: settings, segments, hyperparameters."""
-    record.extra = {"settings": json.dumps(plan.defining, default=str)}
-    record.segments = recorded.segments(plan.ckpt, loop.state.rounds_done, plan.execution)
-    record.hparams = recorded.hparams(loop.algorithm, loop.cfg, plan.seed)
-    if loop.fabric.global_rank == 0:
+def _annotate(record: RunRecord, driver: FitDriver, plan: Plan) -> None:
+    """TensorBoard's hyperparameters (of the rule and loop settings that train) and the run directory's name."""
+    record.hparams = recorded.hparams(driver.algorithm, driver.cfg, plan.seed)
+    if record.rank0:
         print(f"fedlight: run directory {record.out}", file=sys.stderr, flush=True)
 
 
@@ -241,8 +237,8 @@ def _check_clients(loop: LoopConfig, num_clients: int | None) -> None:
 
 
 def _prepare(fabric, plan: Plan, record: RunRecord) -> FitDriver:
-    """Data, task, the loop, the probe of one batch and the resume check: everything that may refuse the run,
-    before any file is written."""
+    """The data, set up, then the driver (:meth:`FitDriver.prepare`: task, local optimization, loop, probe, resume):
+    everything that may refuse the run, before any file is written."""
     data = plan.data
     data.input_dtype = torch.float64 if plan.precision == "64-true" else torch.float32  # float64 data stays float64
     if (note := adopt_preprocessing(plan.model, data)) is not None:  # a pretrained model's mean/std, interpolation
@@ -251,29 +247,9 @@ def _prepare(fabric, plan: Plan, record: RunRecord) -> FitDriver:
         data.setup(fabric.device, plan.seed)
     fault("setup", 0)
     _check_clients(plan.loop, data.num_clients)
-    task = resolve_task(plan.task, plan.model, data)  # set up by the loop, with the data
-    loop, optimizer, plan.algorithm = _local_optimizer(fabric, plan.model, task, plan.algorithm, plan.loop, data)
-    driver = FitDriver(FederatedLoop(fabric, plan.model, data, plan.algorithm, loop, plan.seed, plan.out, task,
-                                     optimizer), record)
-    driver.probe()  # one batch through model + task: a mismatch is refused before round 1
-    _check_targets(task, loop)  # after the probe: a LightningModule's headline is known only then
-    driver.loop.store.use_folder(plan.out / "client_state" / f"rank{fabric.global_rank}")  # unchanged: never rewritten
-    if plan.ckpt is not None:
-        driver.resume(plan.ckpt, plan.ckpt_path, plan.defining)
-    return driver
-
-
-def _check_targets(task, loop) -> None:
-    if is_fraction(task.headline_key):
-        check(all(0 < t <= 1 for t in loop.targets), f"`loop.targets` are values of {task.headline_key}, a fraction: "
-              f"they must be in (0, 1], got {loop.targets} (write 0.7 for 70 %)")
-
-
-def _local_optimizer(fabric, model, task, algorithm, loop, data=None):
-    """The task's own local optimization (a LightningModule's ``configure_optimizers``, schedulers and clip: see
-    :mod:`fedlight.tasks.lightning.optim`), else ``loop.optimizer``: ``(loop, optimizer factory, algorithm)``."""
-    own = getattr(task, "local_optimization", None)
-    return own(fabric, model, algorithm, loop, data) if own is not None else (loop, None, algorithm)
+    return FitDriver.prepare(fabric, plan.model, data, plan.algorithm, plan.loop, plan.seed, plan.out, plan.task,
+                             record, resume=None if plan.ckpt is None else (plan.ckpt, plan.ckpt_path),
+                             settings=plan.defining, execution=plan.execution)
 
 
 def _default_algorithm() -> Algorithm:

@@ -1,10 +1,10 @@
-"""What a run records about its settings: the resolved recipe (``config.yaml``), the defining settings, the
-execution-only settings per stretch of the run, TensorBoard's hyperparameters and the default run name."""
+"""What a run records about its settings: the resolved recipe (``config.yaml``), the defining settings,
+TensorBoard's hyperparameters and the default run name (the execution-only settings per stretch of the run are the
+loop state's segments: :meth:`~fedlight.engine.loop_state.LoopState.begin_segment`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 import yaml
@@ -29,18 +29,6 @@ def settings(text: str, precision: str) -> dict[str, Any]:
     except yaml.YAMLError:
         parsed = {}
     return {**(parsed if isinstance(parsed, dict) else {}), "precision": precision}
-
-
-def segments(ckpt, start_round: int, execution: dict[str, Any]) -> list[dict[str, Any]]:
-    """Execution-only settings per stretch of the run; a resume adds one, listing what changed."""
-    before = json.loads(ckpt["segments"]) if ckpt is not None and ckpt.get("segments") else []
-    execution = {k: v for k, v in execution.items() if k not in ("resume", "overwrite")}
-    seg: dict[str, Any] = {"from_round": start_round, "settings": execution}
-    if before:
-        prev = before[-1]["settings"]
-        seg["changed"] = sorted(k for k in prev.keys() | execution.keys()
-                                if json.dumps(prev.get(k), default=str) != json.dumps(execution.get(k), default=str))
-    return [*before, json.loads(json.dumps(seg, default=str))]
 
 
 def lr_hint(algorithm, loop: LoopConfig) -> str:

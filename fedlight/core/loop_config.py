@@ -130,10 +130,11 @@ class LoopConfig:
     client_dropout: float = 0.0
     """Probability that a sampled client fails to report (seeded by (seed, round, client)); its state is untouched."""
     client_parallelism: Literal["auto", "sequential", "vmap", "streams"] = "auto"
-    """How each process runs its clients (the log says which ran and why; docs/speed.md). auto: vmap + compile on
-    CUDA when the rule and model allow it, else sequential. sequential: one after another on one model. vmap:
-    stacked along a client dimension (torch.func; memory grows with the chunk). streams: a model copy per client of
-    a chunk, steps interleaved on CUDA streams (every rule; exact)."""
+    """How each process runs its clients (the log says which ran and why; docs/speed.md). auto: the fastest exact
+    route measured on the device (CUDA: vmap compiled with CUDA graphs when the rule and model allow it), else
+    sequential. sequential: one after another on one model. vmap: stacked along a client dimension (torch.func;
+    memory grows with the chunk). streams: a model copy per client of a chunk, steps interleaved on CUDA streams,
+    with CUDA graphs only (every rule and model, dropout included; exact)."""
     vmap_chunk: int | str | None = None  # str, not Literal["auto"]: a wrong value gets the check's message
     """Stacked runner only: at most this many clients trained together (bounds memory); null: all of a group; auto:
     as many as fit in the free memory by the model's measured per-client footprint. A chunk that runs out of memory
@@ -144,8 +145,9 @@ class LoopConfig:
     channels-last end to end."""
     compile: bool | str | None = None
     """torch.compile the client computation. true: inductor; a mode ("reduce-overhead": CUDA graphs) or a backend
-    ("aot_eager"); false: never; null: with the stacked runner that auto picks on CUDA. A failing compile falls back
-    to eager stacked, then sequential, and says why."""
+    ("aot_eager"); false: never; null: as the route auto picks runs (CUDA: reduce-overhead), and reduce-overhead
+    with streams on CUDA. Failing CUDA graphs fall back to compiled without them, a failing compile to eager
+    stacked, then sequential, each saying why."""
     progress: bool = True
     """Show a progress bar (only when stderr is a terminal)."""
 

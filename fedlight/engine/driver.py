@@ -1,11 +1,13 @@
-"""FitDriver: the run from round to round — probe, evaluate, stop, checkpoint, resume, finish — around
+"""FitDriver: the run from round to round — prepare, probe, evaluate, stop, checkpoint, resume, finish — around
 :meth:`FederatedLoop.run_round <fedlight.engine.loop.FederatedLoop.run_round>`.
 
 Composition, not inheritance: the driver holds the loop (which advances the
 :class:`~fedlight.engine.loop_state.LoopState`
 one round) and the :class:`~fedlight.run.record.RunRecord` (which owns every file of the run directory). It
-decides when to evaluate and to checkpoint and hands the record rows and state snapshots; a resume is checked once
-(:meth:`FitDriver.resume`) and restores the state the checkpoint holds.
+decides when to evaluate and to checkpoint and hands the record rows and state snapshots (the state is the only
+author of a checkpoint, the record writes its bytes); a resume is checked once (:meth:`FitDriver.resume`) and
+restores the state the checkpoint holds. A run reads :meth:`FitDriver.prepare` → :meth:`FitDriver.fit` →
+:meth:`FitDriver.finish`.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from typing import Any
 
 import torch
 
+from fedlight.core.loop_config import LoopConfig
+from fedlight.core.rules import Algorithm
 from fedlight.engine.loop import Diverged, FederatedLoop
-from fedlight.engine.loop_state import resume_problems
-from fedlight.errors import ConfigError
+from fedlight.engine.loop_state import key_problem, resume_problems
+from fedlight.errors import ConfigError, check
 from fedlight.run import stops
-from fedlight.run.files import fault, rss_mb, summarize
+from fedlight.run.files import fault, is_fraction, rss_mb, summarize
 from fedlight.run.record import RunRecord
+from fedlight.tasks import Task, resolve_task
 
 __all__ = ["Diverged", "FitDriver"]
 
@@ -38,6 +43,45 @@ class FitDriver:
         self.loop, self.record = loop, record
         self.diverged_at: int | None = None
 
+    @classmethod
+    def prepare(cls, fabric, model, data, algorithm: Algorithm, cfg: LoopConfig, seed: int, out_dir: Path,
+                task: Task | None = None, record: RunRecord | None = None, *,
+                resume: tuple[dict[str, Any], Path] | None = None, settings: dict[str, Any] | None = None,
+                execution: dict[str, Any] | None = None) -> FitDriver:
+        """Everything before round 1 that may refuse the run, before any file is written: the task (resolved with
+        the set-up ``data``), its local optimization, the loop, the probe of one batch, the targets, the client
+        states' folder, the resume (``(checkpoint, path)``: checked against the run and its defining ``settings``,
+        then restored) and the run segment of the ``execution`` settings."""
+        task = resolve_task(task, model, data)  # set up by the loop, with the data
+        cfg, optimizer, algorithm = local_optimization(fabric, model, task, algorithm, cfg, data)
+        driver = cls(FederatedLoop(fabric, model, data, algorithm, cfg, seed, out_dir, task, optimizer), record)
+        driver.probe()  # one batch through model + task: a mismatch is refused before round 1
+        check_targets(task, cfg)  # after the probe: a LightningModule's headline is known only then
+        loop, state = driver.loop, driver.loop.state
+        loop.store.use_folder(loop.state_folder)  # unchanged states are never rewritten there
+        if resume is not None:
+            driver.resume(*resume, settings)
+        if settings is not None:
+            state.settings = settings
+        state.begin_segment(execution or {})
+        if record is not None:  # the optimizer really used names the likely cause of an exploding loss
+            record.watch.hint = getattr(task, "hint", None) or record.watch.hint
+        return driver
+
+    @property
+    def task(self) -> Task:
+        return self.loop.task
+
+    @property
+    def algorithm(self) -> Algorithm:
+        """The rule pair that trains (a task's own local optimization may have replaced the given one's)."""
+        return self.loop.algorithm
+
+    @property
+    def cfg(self) -> LoopConfig:
+        """The loop settings that train (a task's own local optimization may have rewritten the given ones)."""
+        return self.loop.cfg
+
     # ----------------------------------------------------------------------------------------- checks
     def probe(self) -> None:
         """One training batch (client 0) and one test batch through model + task, changing nothing: a model that
@@ -50,7 +94,10 @@ class FitDriver:
 
     def resume(self, ckpt: dict[str, Any], path: Path | str, settings: dict[str, Any] | None = None) -> None:
         """Continue from a loaded checkpoint; one of another run (model, clients, seed, or defining ``settings``)
-        is refused with every difference."""
+        is refused with every difference, one with keys a checkpoint does not have with their names."""
+        problem = key_problem(ckpt)
+        if problem:
+            raise ConfigError(f"`resume` checkpoint {path} {problem}")
         problems = resume_problems(ckpt, self.loop.state.meta, settings)
         if problems:
             raise ConfigError(f"`resume` checkpoint {path} does not match this run: {'; '.join(problems)}. "
@@ -69,27 +116,23 @@ class FitDriver:
         return loop.task.evaluate(loop.model, mine, loop.fabric)
 
     # ----------------------------------------------------------------------------------------- fit
-    def fit(self) -> dict[str, Any]:
-        """Run the remaining rounds: train → evaluate → hand the row and (every ``save_every`` rounds) a checkpoint
-        snapshot to the run record, which writes them in the background (see :mod:`fedlight.run.record`)."""
+    def fit(self) -> None:
+        """Run the remaining rounds: train → evaluate → hand the row (the state's last row, completed here) and
+        (every ``save_every`` rounds) a checkpoint snapshot to the run record, which writes them in the background
+        (see :mod:`fedlight.run.record`)."""
         loop, record, state = self.loop, self.record, self.loop.state
         record.progress.key = loop.task.headline_key
         start = state.rounds_done
         record.begin(start, state.last_row)
         loop.fabric.print(f"fedlight: client runner: {loop.runner.name} ({loop.runner_reason})")
-        t_fit, wall0 = time.perf_counter(), state.totals["wall_time_s"]
         for r in range(start, loop.cfg.rounds):
             row = self._fit_round(r)
             if row is None:
                 break
             if r == start:
                 row["warm_up"] = True  # compilation, autotuning, allocator: not in seconds_per_round
-            state.totals["bytes_up"] += row["bytes_up"]
-            state.totals["bytes_down"] += row["bytes_down"]
-            state.totals["wall_time_s"] = wall0 + time.perf_counter() - t_fit
             row["rss_mb"] = rss_mb()
             self._record(row)
-        return self.finish()
 
     def _fit_round(self, r: int) -> dict[str, Any] | None:
         """Train and (when due) evaluate round ``r``; ``None`` when it diverged."""
@@ -128,7 +171,7 @@ class FitDriver:
         loop, record = self.loop, self.record
         record.flush()
         task = loop.task
-        summary = summarize(record.rows, loop.cfg.targets, loop.state.totals,
+        summary = summarize(record.rows, loop.cfg.targets, loop.state.totals_now(),
                             (task.headline_key, task.higher_is_better))
         summary["metric_directions"] = task.directions()  # what `fedlight report` reads a best_ value by
         if self.diverged_at is not None:
@@ -136,7 +179,8 @@ class FitDriver:
         runner = loop.runner
         summary["client_runner"] = f"{getattr(runner, 'description', runner.name)} ({loop.runner_reason})"
         summary["client_runner_fallbacks"] = list(getattr(runner, "fallbacks", []))
-        summary.update(record.summary_extra())
+        if loop.state.segments:
+            summary["segments"] = loop.state.segments
         if task.effective:
             summary["local_optimization"] = task.effective
         state = None
@@ -147,3 +191,16 @@ class FitDriver:
         task.end(loop.model)
         loop.fabric.barrier()
         return summary
+
+
+def check_targets(task: Task, cfg: LoopConfig) -> None:
+    if is_fraction(task.headline_key):
+        check(all(0 < t <= 1 for t in cfg.targets), f"`loop.targets` are values of {task.headline_key}, a fraction: "
+              f"they must be in (0, 1], got {cfg.targets} (write 0.7 for 70 %)")
+
+
+def local_optimization(fabric, model, task, algorithm, cfg, data=None):
+    """The task's own local optimization (a LightningModule's ``configure_optimizers``, schedulers and clip: see
+    :mod:`fedlight.tasks.lightning.optim`), else ``cfg.optimizer``: ``(cfg, optimizer factory, algorithm)``."""
+    own = getattr(task, "local_optimization", None)
+    return own(fabric, model, algorithm, cfg, data) if own is not None else (cfg, None, algorithm)

@@ -118,10 +118,15 @@ class FederatedLoop:
         self.runner, self.runner_reason = select_runner(cfg, setup, self.state.meta["algorithm"])
         self.custom_aggregate = self.server.aggregates_itself()
 
+    @property
+    def state_folder(self) -> Path:
+        """Where this rank's client states are written: ``<out_dir>/client_state/rank<r>``."""
+        return self.out_dir / "client_state" / f"rank{self.fabric.global_rank}"
+
     def _store(self) -> ClientStateStore:
         cfg = self.cfg
         budget = None if cfg.state_budget_mb is None else int(cfg.state_budget_mb * 2**20)
-        spill = self.out_dir / "client_state" / f"rank{self.fabric.global_rank}" if budget is not None else None
+        spill = self.state_folder if budget is not None else None
         return ClientStateStore(self.device if cfg.state_device == "device" else "cpu", budget_bytes=budget,
                                 spill_dir=spill)
 
@@ -169,6 +174,8 @@ class FederatedLoop:
         reduce → ``server.aggregate`` (if the rule overrides it) → ``server.update``. Afterwards
         ``state.rounds_done == r + 1``. Returns the round's metrics row."""
         st, t0 = self.state, time.perf_counter()
+        if st.clock is None:  # this process's first round: the run's wall clock goes on from here
+            st.clock = t0
         plan = self.plan(r)
         self.task.begin_round(plan.info)
         counts = {k: b.clone() for k, b in st.int_buffers.items()}
@@ -176,16 +183,25 @@ class FederatedLoop:
         P.copy_(st.int_buffers, counts)  # clients' forward passes do not count; the round advances them below
         t_train = time.perf_counter()
         got = self._exchange(got)
+        row = RoundRow.of(plan, got)
         if got.layout is None:  # nobody reported: the model and the server state stay as they are
             st.rounds_done = r + 1
-            return RoundRow.of(plan, got).timed(t0, t_train).as_dict()
-        got.acc.ensure(got.layout)
-        red = got.acc.reduce(self.fabric)
-        x_old = st.params
-        self._advance(r, red, got, plan)
-        row = RoundRow.of(plan, got)
-        row.measure(red, st.params, x_old, got.start if got.start is not None else x_old, self.server.diagnostics())
-        return row.timed(t0, t_train).as_dict()
+        else:
+            got.acc.ensure(got.layout)
+            red = got.acc.reduce(self.fabric)
+            x_old = st.params
+            self._advance(r, red, got, plan)
+            row.measure(red, st.params, x_old, got.start if got.start is not None else x_old,
+                        self.server.diagnostics())
+        return self._count(row.timed(t0, t_train).as_dict())
+
+    def _count(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Add the round's bytes to the run's totals; the row becomes the state's last row (the driver completes
+        it with the evaluation before a snapshot)."""
+        self.state.totals["bytes_up"] += row["bytes_up"]
+        self.state.totals["bytes_down"] += row["bytes_down"]
+        self.state.last_row = row
+        return row
 
     def _advance(self, r: int, red: Reduced, got: Collected, plan: RoundPlan) -> None:
         """The state after round ``r``: client states stored, ``x_{r+1}``, averaged buffers, step counters."""

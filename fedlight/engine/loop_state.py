@@ -1,13 +1,16 @@
-"""LoopState: everything a run carries from one round to the next, and the only thing a checkpoint holds.
+"""LoopState: everything a run carries from one round to the next, and the only author of a checkpoint.
 
-:class:`~fedlight.engine.loop.FederatedLoop` advances it one round at a time; the fit driver
-(:class:`~fedlight.engine.driver.FitDriver`) snapshots it for the run record and, on resume, compares a checkpoint
-with it (:func:`resume_problems`, the one check) before restoring it.
+:class:`~fedlight.engine.loop.FederatedLoop` advances it one round at a time (and counts its totals); the fit driver
+(:class:`~fedlight.engine.driver.FitDriver`) hands :meth:`LoopState.snapshot` to the run record, which writes the
+bytes, and on resume compares a checkpoint with it (:func:`resume_problems`, the one check) before
+:meth:`LoopState.restore`. ``snapshot`` and ``restore`` are exact inverses over :data:`CHECKPOINT_KEYS`; a checkpoint
+with any other key, or without one of them, is refused.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,8 +18,15 @@ from torch import Tensor
 
 from fedlight.core.rules import ServerRule
 from fedlight.engine.client_store import ClientStateStore
+from fedlight.errors import ConfigError
 from fedlight.run.directory import differences
 from fedlight.run.files import CHECKPOINT_FORMAT, cpu_copy, meta_differences, to_device
+from fedlight.run.record import dumps
+
+CHECKPOINT_KEYS = ("format", "round", "params", "buffers", "int_buffers", "server", "store", "totals", "meta",
+                   "settings", "segments", "last_row")
+"""Every key of a checkpoint (format 1), written by :meth:`LoopState.snapshot` and read by :meth:`LoopState.restore`;
+a new key is added here and in both methods."""
 
 
 def _totals() -> dict[str, Any]:
@@ -40,14 +50,39 @@ class LoopState:
     meta: dict[str, Any]
     """What a checkpoint must agree on to be resumed here (algorithm, model, shapes, clients, seed)."""
     totals: dict[str, Any] = field(default_factory=_totals)
-    """Bytes up/down and wall time over the whole run (resumed runs included)."""
+    """Bytes up/down and wall time over the whole run (resumed runs included), counted by the loop; the wall time
+    here is that of the rounds before :attr:`clock` started (:meth:`totals_now` adds the time since)."""
     rounds_done: int = 0
     """Rounds completed: the next round to train is ``rounds_done`` (0-based)."""
     last_row: dict[str, Any] | None = None
-    """The metrics row of round ``rounds_done``, as the checkpoint carried it (re-appended on resume if missing)."""
+    """The metrics row of round ``rounds_done`` (set by the loop, completed by the driver before a snapshot;
+    re-appended on resume when ``metrics.jsonl`` lacks it)."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """The settings that define the run (a resume must agree on them; empty: not known)."""
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    """The execution-only settings of each stretch of the run (:meth:`begin_segment`)."""
+    clock: float | None = field(default=None, repr=False)
+    """``time.perf_counter()`` when this process's first round began (``None``: not yet); not checkpointed."""
+
+    def totals_now(self) -> dict[str, Any]:
+        """:attr:`totals` with the wall time brought up to now."""
+        since = 0.0 if self.clock is None else time.perf_counter() - self.clock
+        return {**self.totals, "wall_time_s": self.totals["wall_time_s"] + since}
+
+    def begin_segment(self, execution: dict[str, Any]) -> None:
+        """Open a stretch of the run at round :attr:`rounds_done` with the execution-only settings ``execution``,
+        listing what changed since the previous stretch (a resume)."""
+        execution = {k: v for k, v in execution.items() if k not in ("resume", "overwrite")}
+        seg: dict[str, Any] = {"from_round": self.rounds_done, "settings": execution}
+        if self.segments:
+            prev = self.segments[-1]["settings"]
+            seg["changed"] = sorted(k for k in prev.keys() | execution.keys()
+                                    if _text(prev.get(k)) != _text(execution.get(k)))
+        self.segments = [*self.segments, json.loads(_text(seg))]
 
     def snapshot(self) -> dict[str, Any]:
-        """The checkpoint of this state, as private CPU copies (safe to write while the next round runs)."""
+        """The checkpoint of this state (every key of :data:`CHECKPOINT_KEYS`), as private CPU copies and JSON text
+        (safe to write while the next round runs)."""
         return {
             "format": CHECKPOINT_FORMAT,
             "round": self.rounds_done,
@@ -56,27 +91,54 @@ class LoopState:
             "int_buffers": cpu_copy(self.int_buffers),
             "server": cpu_copy(self.server.state_dict()),
             "store": self.store.state_dict(),  # states are replaced on put, never changed in place
-            "totals": dict(self.totals),
+            "totals": self.totals_now(),
             "meta": self.meta,
+            "settings": _text(self.settings),
+            "segments": json.dumps(self.segments),
+            "last_row": dumps(self.last_row) if self.last_row is not None else "",
         }
 
     def restore(self, ckpt: dict[str, Any], device: Any) -> None:
-        """Continue from ``ckpt`` (checked first with :func:`resume_problems`)."""
+        """Continue from ``ckpt`` (checked first with :func:`resume_problems`); one whose keys are not
+        :data:`CHECKPOINT_KEYS` is refused."""
+        problem = key_problem(ckpt)
+        if problem:
+            raise ConfigError(f"the checkpoint {problem}")
         self.params = {k: v.to(device) for k, v in ckpt["params"].items()}
         self.buffers = {k: v.to(device) for k, v in ckpt["buffers"].items()}
         for k, v in ckpt["int_buffers"].items():
             self.int_buffers[k].copy_(v)
         self.server.load_state_dict(to_device(ckpt["server"], device))
         self.store.load_state_dict(ckpt["store"])
-        self.totals = dict(ckpt["totals"])
+        self.totals, self.clock = dict(ckpt["totals"]), None
+        self.meta = dict(ckpt["meta"])
         self.rounds_done = int(ckpt["round"])
-        self.last_row = json.loads(ckpt["last_row"]) if ckpt.get("last_row") else None
+        self.settings = json.loads(ckpt["settings"])
+        self.segments = json.loads(ckpt["segments"])
+        self.last_row = json.loads(ckpt["last_row"]) if ckpt["last_row"] else None
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value, default=str)
+
+
+def key_problem(ckpt: dict[str, Any]) -> str:
+    """Why ``ckpt``'s keys are not a checkpoint's (unknown or missing ones, named), or ``""``."""
+    unknown = sorted(set(ckpt) - set(CHECKPOINT_KEYS))
+    missing = [k for k in CHECKPOINT_KEYS if k not in ckpt]
+    if not unknown and not missing:
+        return ""
+    what = "; ".join(([f"has keys this fedlight does not know: {', '.join(unknown)}"] if unknown else [])
+                     + ([f"lacks keys: {', '.join(missing)}"] if missing else []))
+    return (f"{what} (a checkpoint holds exactly {', '.join(CHECKPOINT_KEYS)}). Resume it with the fedlight "
+            "version that wrote it, or start a new run")
 
 
 def resume_problems(ckpt: dict[str, Any], meta: dict[str, Any], settings: dict[str, Any] | None) -> list[str]:
-    """Why ``ckpt`` cannot continue this run: its model and clients (``meta``), then its defining settings (when
-    both sides have them); empty when it can."""
+    """Why ``ckpt`` (its keys checked first with :func:`key_problem`) cannot continue this run: its model and clients
+    (``meta``), then its defining settings (when both sides have them); empty when it can."""
     problems = meta_differences(ckpt["meta"], meta)
-    if not problems and settings is not None and ckpt.get("settings"):
-        problems = differences(json.loads(ckpt["settings"]), settings)
+    there = json.loads(ckpt["settings"])
+    if not problems and settings and there:
+        problems = differences(there, settings)
     return problems

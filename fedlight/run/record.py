@@ -97,8 +97,6 @@ class RunRecord:
         self.logger = None
         self.progress = Progress(rounds, enabled=progress and rank0)
         self.watch = RoundWatch(hint)
-        self.extra: dict[str, Any] = {}  # stored in every checkpoint (e.g. the run's settings and segments)
-        self.segments: list[dict[str, Any]] = []  # execution-only settings of each stretch of the run
         self.hparams: dict[str, Any] | None = None  # for TensorBoard's hparams table
         self.saved_round = 0  # rounds in the last checkpoint renamed into place (0: none yet)
         self.rotate = True  # keep last.ckpt as prev.ckpt when the next one is written (False: last.ckpt is damaged)
@@ -156,14 +154,14 @@ class RunRecord:
 
     # ------------------------------------------------------------------------------------------ per round
     def round_done(self, row: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> None:
-        """Record a finished round: its checkpoint (a CPU snapshot, or ``None``) then its metrics row, in the
+        """Record a finished round: its checkpoint (a CPU snapshot, or ``None``; written as given: its author is
+        :meth:`LoopState.snapshot <fedlight.engine.loop_state.LoopState.snapshot>`) then its metrics row, in the
         background and in order (see the module docstring)."""
         if not self.rank0:
             return
         row = strict_row(row)
         self.rows.append(row)
         if checkpoint is not None:
-            checkpoint = {**checkpoint, **self.extra, "segments": json.dumps(self.segments), "last_row": dumps(row)}
             rounds_done = int(checkpoint["round"])
             self.writer.submit(lambda: self._write_checkpoint(checkpoint, rounds_done, row), exclusive=True)
         else:
@@ -200,9 +198,6 @@ class RunRecord:
             self.writer.wait()
 
     # ------------------------------------------------------------------------------------------ end
-    def summary_extra(self) -> dict[str, Any]:
-        return {"segments": self.segments} if self.segments else {}
-
     def finish(self, summary: dict[str, Any], final_state: dict[str, Any] | None) -> None:
         """Wait for the writes in flight, then ``final_model.pt`` and ``summary.json`` (strict JSON)."""
         self.progress.close()

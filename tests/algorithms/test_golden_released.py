@@ -276,7 +276,7 @@ def test_released_settings_run_stacked_as_sequential(name, kw):
 @pytest.mark.parametrize("name,setting", [("fedcm", "clip_order"), ("fedmoswa", "first_round"),
                                           ("fedmoswa", "control_divisor"), ("fedmoswa", "clip_order"),
                                           ("fedadamw", "bias_correction"), ("fedadamw", "step_scale"),
-                                          ("fedlada", "first_round")])
+                                          ("fedlada", "first_round"), ("fedwmsam", "perturbation")])
 def test_bad_value_names_the_setting(name, setting):
     with pytest.raises(ConfigError, match=rf"`algorithm\.{setting}` must be 'paper' or 'released', got 'code'"):
         fedlight.create(name, **{setting: "code"})
