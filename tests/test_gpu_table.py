@@ -1,7 +1,8 @@
 """``tools/gpu_table.sh --smoke``: the prepared GPU run of FedNSAM Table 2's LeNet-5 CIFAR-10 column, whole, on the
 CPU at a tiny size: a CIFAR-10 ImageFolder decoded to pickles, packed into parts and reassembled, the column's FedNSAM
 row run through ``fedlight reproduce``, the table and the finished run packed under $OUT as
-results/fednsam_table2_lenet5_cifar10/; then a fresh table folder restores that finished run and skips it."""
+results/fednsam_table2_lenet5_cifar10/; then a fresh table folder restores that finished run and skips it, and a
+call with a part still missing names it and runs nothing."""
 
 from __future__ import annotations
 
@@ -46,3 +47,9 @@ def test_gpu_table_smoke_runs_packs_and_resumes(tmp_path):
     (tmp_path / "smoke" / "runs").rename(tmp_path / "smoke" / "old_runs")
     log = smoke(tmp_path, "out2", RESTORE_FROM=str(tmp_path / "back" / RES / "runs"))
     assert "restored finished run" in log and "[1/1] fednsam/lenet5_cifar10 seed0: skipped" in log
+    # A call that brings a part but not yet all of them (the first GPU call): it says which is missing, runs nothing.
+    (tmp_path / "smoke" / "data").rename(tmp_path / "smoke" / "old_data")
+    (tmp_path / "smoke" / "parts" / "cifar-10-batches-py.tar.xz.part01").unlink()
+    log = smoke(tmp_path, "out3")
+    assert "parts here; missing cifar-10-batches-py.tar.xz.part01" in log and "not every part here yet" in log
+    assert "table:" not in log and not (tmp_path / "out3" / "table.tar.gz").exists()

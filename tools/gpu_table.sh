@@ -47,6 +47,7 @@ fi
 
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
+trap 'exec 1>&- 2>&-; sleep 0.5' EXIT  # let tee write the last lines before the call returns
 export PYTHONUNBUFFERED=1
 if [ $MODE = smoke ]; then
   # a tiny CIFAR-10 ImageFolder of random images, packed and unpacked as the real one is; CPU processes
