@@ -6,6 +6,7 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -17,6 +18,12 @@ from fedlight.run.files import load_checkpoint
 from fedlight.run.record import RunRecord
 
 D, C = 3, 3  # features, classes
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+"""The ``device`` parameter of a test that needs CUDA: the same body runs on CPU in CI, so a changed signature or a
+removed helper fails there too; only the CUDA value is skipped without a GPU (``tests/test_gpu_tools.py`` fails on
+a test skipped without CUDA as a whole)."""
 
 
 def problem(num_clients: int = 3, n: int = 4, seed: int = 0):
@@ -43,12 +50,12 @@ def linear_model(theta0: dict[str, np.ndarray]) -> nn.Module:
 def make_loop(algorithm, clients, model: nn.Module, *, rounds: int = 2, local_steps: int = 2, lr: float = 0.1,
               clients_per_round: int | None = None, precision: str = "64-true", weight_decay: float = 0.0,
               max_grad_norm: float | None = None, seed: int = 0, batch_size: int | None = None,
-              out_dir: str | Path = "unused", **loop_kwargs) -> FederatedLoop:
-    """A FederatedLoop on CPU over ``clients`` (numpy or torch pairs); full-batch by default."""
+              out_dir: str | Path = "unused", accelerator: str = "cpu", **loop_kwargs) -> FederatedLoop:
+    """A FederatedLoop on ``accelerator`` (CPU) over ``clients`` (numpy or torch pairs); full-batch by default."""
     pairs = [(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y, dtype=torch.long)) for x, y in clients]
     B = batch_size or max(len(y) for _, y in pairs)
     data = TensorClients(pairs, test=pairs[0], batch_size=B, num_classes=C if model.__class__ is nn.Linear else None)
-    fabric = L.Fabric(accelerator="cpu", devices=1, precision=precision)
+    fabric = L.Fabric(accelerator=accelerator, devices=1, precision=precision)
     data.setup(fabric.device, seed)
     cfg = LoopConfig(rounds=rounds, clients_per_round=clients_per_round or len(pairs), local_steps=local_steps,
                      lr=lr, weight_decay=weight_decay, max_grad_norm=max_grad_norm, progress=False, **loop_kwargs)

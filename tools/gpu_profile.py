@@ -20,9 +20,10 @@ Sections, each printed as soon as it is measured (a timeout keeps what came befo
 6. ``anchor`` (issue 31): the round's 25,000 images through one ResNet-18 (GroupNorm, bf16, compiled,
    channels-last): (a) 50 steps at batch 500, (b) 500 steps at batch 50 with CUDA graphs
    (:mod:`fedlight.lab.bench_routes`). Later sections print the round as a ratio to (a).
-7. ``routes`` (issue 31): FedAvg rounds under each client route (``--routes``; default every one of
-   ``fedlight.lab.bench_routes.ROUTES``): s/round, ratio to (a), first round, MFU, peak memory, fallbacks, and the
-   model after round 0 against the first route's.
+7. ``routes`` (issues 31, 42): FedAvg rounds under each client route (``--routes``; default
+   ``fedlight.lab.bench_routes.FIRST_CALL``, any of ``ROUTES``): s/round, ratio to (a), first round, MFU, peak
+   memory, fallbacks, and the model after round 0 against the first route's; then the table of them all and one
+   profiled round of the fastest (its costliest kernels).
 
 The route comparison of a GPU session: ``python tools/gpu_profile.py --sections anchor,routes`` (about 5 minutes on
 an H100, mostly compilation). ``--smoke`` runs the anchor and routes sections on LeNet-5 with the ``aot_eager``
@@ -42,7 +43,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fedlight.lab.bench_routes import MEASURED, ROUTES, anchor, routes, seconds  # noqa: E402
+from fedlight.lab.bench_routes import FIRST_CALL, MEASURED, ROUTES, anchor, routes, seconds  # noqa: E402
 
 
 def _sync(dev: torch.device) -> None:
@@ -167,6 +168,18 @@ class _WgradBmm(torch.autograd.Function):
         return gx, torch.bmm(g, cols).view(n_out, n_in, 3, 3), None
 
 
+class _WgradTriton(_WgradBmm):
+    """The same, the weight gradient from :func:`fedlight.lab.triton_wgrad.grouped_wgrad` (issue 42)."""
+
+    @staticmethod
+    def backward(ctx, gy):
+        from fedlight.lab.triton_wgrad import grouped_wgrad
+
+        xg, w = ctx.saved_tensors
+        gx = torch.nn.grad.conv2d_input(xg.shape, w, gy, padding=1, groups=ctx.C)
+        return gx, grouped_wgrad(xg, gy.contiguous(), ctx.C).to(w.dtype), None
+
+
 def wgrad_section(C: int, B: int, dev: str, reps: int, sizes) -> None:
     d = torch.device(dev)
     dt = torch.bfloat16 if d.type == "cuda" else torch.float32
@@ -184,6 +197,15 @@ def wgrad_section(C: int, B: int, dev: str, reps: int, sizes) -> None:
         mine = _ms(lambda: _WgradBmm.apply(xg, w, C).float().square().mean().backward(), d, reps)
         print(f"wgrad: C={C} B={B} {ch}ch {hw}x{hw}: cudnn grouped {cudnn:.2f} ms, wgrad-as-bmm {mine:.2f} ms "
               f"(x{mine / cudnn:.2f}); rel. error dW {err:.1e}, dX {errx:.1e}", flush=True)
+        if d.type != "cuda":
+            print("wgrad: triton: needs CUDA (checked on CPU by tests/loop/test_route_candidates.py)", flush=True)
+            continue
+        xg.grad = w.grad = None
+        _WgradTriton.apply(xg, w, C).float().square().mean().backward()
+        err = ((w.grad.float() - gw.float()).norm() / gw.float().norm()).item()
+        tri = _ms(lambda: _WgradTriton.apply(xg, w, C).float().square().mean().backward(), d, reps)
+        print(f"wgrad: C={C} B={B} {ch}ch {hw}x{hw}: cudnn grouped {cudnn:.2f} ms, wgrad in Triton {tri:.2f} ms "
+              f"(x{tri / cudnn:.2f}); rel. error dW {err:.1e}", flush=True)
 
 
 def graphs_section(w, dev: str) -> None:
@@ -236,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks the script, numbers meaningless")
     p.add_argument("--sections", default="round,conv,graphs")
     p.add_argument("--procs", default="1,2,4", help="procs section: process counts to try")
-    p.add_argument("--routes", default=",".join(ROUTES), help="routes section: routes to compare, in this order")
+    p.add_argument("--routes", default=",".join(FIRST_CALL),
+                   help=f"routes section: routes to compare, in this order (of {', '.join(ROUTES)})")
     p.add_argument("--rounds", type=int, default=3, help="routes section: timed rounds per route")
     a = p.parse_args(argv)
     dev = "cpu" if a.smoke else "cuda"

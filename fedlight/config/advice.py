@@ -112,3 +112,26 @@ def paper_defaults(cfg: Any, argv: list[str]) -> list[str]:
               f"{cls.__name__} trains in [{s.low:g}, {s.high:g}]); pass `--{s.key}` to choose", file=sys.stderr)
         extra += [f"--{s.key}", repr(s.paper)]
     return extra
+
+
+def python_defaults(algorithm: Any, loop: Any) -> Any:
+    """``loop`` for a :func:`fedlight.fit` call from Python, with each declared ``loop.*`` setting of ``algorithm``
+    that is still at the :class:`LoopConfig` default and outside the rule's range given its paper value, said on
+    stderr as the command line says it (a value the caller chose, i.e. not the default, is kept and warned
+    about by :func:`check_scales`)."""
+    import dataclasses
+    import sys
+
+    changes = {}
+    for s in scales_of(algorithm):
+        name = s.key.split(".", 1)[1]
+        if not s.key.startswith("loop.") or name not in getattr(loop, "__dataclass_fields__", {}):
+            continue
+        value, default = getattr(loop, name), type(loop).__dataclass_fields__[name].default
+        if value == default and _outside(s, value):
+            cls = type(algorithm).__name__
+            print(f"fedlight: note: `{s.key}` set to {s.paper:g}, {cls}'s paper value (the default {value:g} suits "
+                  f"SGD-type rules; {cls} trains in [{s.low:g}, {s.high:g}]); pass another `{s.key}` to choose",
+                  file=sys.stderr)
+            changes[name] = s.paper
+    return dataclasses.replace(loop, **changes) if changes else loop

@@ -20,7 +20,7 @@ from fedlight.algorithms import FedAvg
 from fedlight.config import launch
 from fedlight.config import resume as resumes
 from fedlight.config import settings as recorded
-from fedlight.config.advice import check_scales
+from fedlight.config.advice import check_scales, python_defaults
 from fedlight.core.loop_config import LoopConfig
 from fedlight.core.rules import Algorithm
 from fedlight.core.spec import build, describe
@@ -189,6 +189,7 @@ def _start_trackers(record: RunRecord, driver: FitDriver, plan: Plan, text: str)
 def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, text, world) -> Plan:
     """Check the arguments, build a model given as a spec, describe the recipe and name the run directory."""
     algorithm = algorithm if algorithm is not None else _default_algorithm()
+    loop = python_defaults(algorithm, loop) if text is None else loop  # the CLI chose them already
     data = as_federated(data)
     _check_args(algorithm, data, loop, *world)
     accelerator, precision = _resolve_device(accelerator, precision, algorithm)

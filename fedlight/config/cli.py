@@ -216,12 +216,24 @@ def main(argv: list[str] | None = None) -> int:
     except stops.StoppedAtStart as e:  # during start-up (the rounds raise Stopped inside _main)
         print(f"fedlight: {e.stopped}", file=sys.stderr, flush=True)
         status = e.stopped.status
-    if status in STOP_STATUSES and argv is None:  # the program: every file is closed, the stop line printed;
-        sys.stdout.flush()  # stop signals stay ignored, and it leaves at once
-        sys.stderr.flush()
-        os._exit(status)  # (the interpreter's own teardown takes seconds)
+    if argv is None and (status in STOP_STATUSES or sys.argv[1:2] == ["fit"]):
+        leave(status)
     stops.restore(previous)  # called from Python: the caller's handlers again
     return status
+
+
+def leave(status: int) -> None:
+    """The program's exit once its work is done: every file of the run is closed and the summary (or the stop line)
+    printed, so what is left is the interpreter's teardown, which after a compiled run takes seconds (issue 42). Two
+    parts of it, found in torch 2.14's code and on the 2-core CPU: inductor's exit handler ``shutdown_compile_workers``
+    sends the sidecar process of its Triton compile workers (``SubprocPool``, ``compile_threads`` = min(32, CPUs)
+    workers: 16 on the GPU machine) the shutdown message and waits up to 300 s for it to take its pool down; and
+    after the last exit handler, finalizing the interpreter after one inductor compilation took 5.5 s on the CPU
+    (no worker pool there), against 0.2 s with ``os._exit``. Leaving with ``os._exit`` skips both; the sidecar and
+    its workers see their parent gone and exit by themselves. Stop signals stay ignored until then (a stop)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -10,7 +10,6 @@ from typing import Any
 import yaml
 
 from fedlight.core.loop_config import LoopConfig
-from fedlight.core.rules import LocalUpdateRule
 from fedlight.core.spec import describe
 
 
@@ -33,7 +32,7 @@ def settings(text: str, precision: str) -> dict[str, Any]:
 
 def lr_hint(algorithm, loop: LoopConfig) -> str:
     name = type(algorithm).__name__
-    own = type(algorithm.local).make_optimizer is not LocalUpdateRule.make_optimizer
+    own = algorithm.local.brings_optimizer
     opt = f"{name}'s own local optimizer" if own else f"the local optimizer {loop.optimizer}"
     return (f"the learning rate `loop.lr` = {loop.lr:g} is too large for {opt} (adaptive optimizers such as Adam/AdamW "
             f"usually take ~1e-3); lower it, e.g. `--loop.lr {loop.lr / 100:g}`")

@@ -8,6 +8,9 @@ from typing import Literal
 
 from fedlight.errors import check
 
+AUTO_CLIP = 10.0
+"""``loop.max_grad_norm: auto`` for fedlight's own models (a LightningModule: no clip)."""
+
 
 @dataclass
 class LRSchedule:
@@ -106,8 +109,9 @@ class LoopConfig:
     """Local weight decay (coupled for SGD, added after clipping)."""
     optimizer_args: dict = field(default_factory=dict)
     """The optimizer's other init arguments (checked against its signature), e.g. {betas: [0.9, 0.99]}."""
-    max_grad_norm: float | None = 10.0
-    """Joint L2 clip of the local step direction; null disables."""
+    max_grad_norm: float | str | None = "auto"  # str, not Literal["auto"]: a wrong value gets the check's message
+    """Joint L2 clip of the local step direction; null disables; auto: 10 for fedlight's own models, none for a
+    LightningModule (its author's code decides); a number clips every model."""
     weighting: Literal["samples", "uniform"] = "samples"
     """Aggregation weights: w_i ∝ n_i or 1/S."""
     aggregate_buffers: bool = True
@@ -130,10 +134,11 @@ class LoopConfig:
     client_dropout: float = 0.0
     """Probability that a sampled client fails to report (seeded by (seed, round, client)); its state is untouched."""
     client_parallelism: Literal["auto", "sequential", "vmap", "streams"] = "auto"
-    """How each process runs its clients (the log says which ran and why; docs/speed.md). auto: vmap + compile on
-    CUDA when the rule and model allow it, else sequential. sequential: one after another on one model. vmap:
-    stacked along a client dimension (torch.func; memory grows with the chunk). streams: a model copy per client of
-    a chunk, steps interleaved on CUDA streams (every rule; exact)."""
+    """How each process runs its clients (the log says which ran and why; docs/speed.md). auto: the fastest exact
+    route measured on the device (CUDA: vmap compiled with CUDA graphs when the rule and model allow it), else
+    sequential. sequential: one after another on one model. vmap: stacked along a client dimension (torch.func;
+    memory grows with the chunk). streams: a model copy per client of a chunk, steps interleaved on CUDA streams,
+    with CUDA graphs only (every rule and model, dropout included; exact)."""
     vmap_chunk: int | str | None = None  # str, not Literal["auto"]: a wrong value gets the check's message
     """Stacked runner only: at most this many clients trained together (bounds memory); null: all of a group; auto:
     as many as fit in the free memory by the model's measured per-client footprint. A chunk that runs out of memory
@@ -144,8 +149,9 @@ class LoopConfig:
     channels-last end to end."""
     compile: bool | str | None = None
     """torch.compile the client computation. true: inductor; a mode ("reduce-overhead": CUDA graphs) or a backend
-    ("aot_eager"); false: never; null: with the stacked runner that auto picks on CUDA. A failing compile falls back
-    to eager stacked, then sequential, and says why."""
+    ("aot_eager"); false: never; null: as the route auto picks runs (CUDA: reduce-overhead), and reduce-overhead
+    with streams on CUDA. Failing CUDA graphs fall back to compiled without them, a failing compile to eager
+    stacked, then sequential, each saying why."""
     progress: bool = True
     """Show a progress bar (only when stderr is a terminal)."""
 
@@ -159,6 +165,16 @@ class LoopConfig:
         if self.local_lr_schedule == "cosine":
             return self.local_lr_eta_min + 0.5 * (lr - self.local_lr_eta_min) * (1.0 + math.cos(math.pi * k / K))
         return lr
+
+    def round_lrs(self, info) -> tuple[float, float]:
+        """The lr of round ``info``'s first and last local step (``loop.local_lr_schedule`` from ``η_r``)."""
+        K = max(1, round(info.num_steps))
+        return self.local_lr(info.lr, 0, K), self.local_lr(info.lr, K - 1, K)
+
+    @property
+    def clip_norm(self) -> float | None:
+        """The clip in force for fedlight's own models: ``max_grad_norm`` with ``auto`` read as 10."""
+        return AUTO_CLIP if self.max_grad_norm == "auto" else self.max_grad_norm
 
     def optimizer_factory(self):
         """``factory(params, lr=η)`` → the local optimizer with this config's class, weight decay and arguments."""
@@ -195,8 +211,10 @@ class LoopConfig:
               f"`loop.momentum` ({self.momentum}) is not an argument of `loop.optimizer` {self.optimizer}; "
               "set it to 0 or pass the optimizer's own arguments in `loop.optimizer_args`")
         check(0 <= self.weight_decay < math.inf, f"`loop.weight_decay` must be >= 0, got {self.weight_decay}")
-        check(self.max_grad_norm is None or self.max_grad_norm > 0,
-              f"`loop.max_grad_norm` must be positive or null, got {self.max_grad_norm}")
+        check(self.max_grad_norm in (None, "auto") or (isinstance(self.max_grad_norm, (int, float))
+                                                        and not isinstance(self.max_grad_norm, bool)
+                                                        and self.max_grad_norm > 0),
+              f"`loop.max_grad_norm` must be positive, auto or null, got {self.max_grad_norm!r}")
         check(self.state_budget_mb is None or self.state_budget_mb >= 0,
               f"`loop.state_budget_mb` must be >= 0 or null, got {self.state_budget_mb}")
         check(self.vmap_chunk in (None, "auto") or (type(self.vmap_chunk) is int and self.vmap_chunk > 0),

@@ -192,6 +192,11 @@ class LocalUpdateRule:
         """The local optimizer for one client's round; default: the loop's (SGD, wd 1e-3)."""
         return default(params, lr=lr)
 
+    @property
+    def brings_optimizer(self) -> bool:
+        """Whether the rule builds its own local optimizer (FedAdamW, Local Adam ...) instead of the loop's."""
+        return type(self).make_optimizer is not LocalUpdateRule.make_optimizer
+
     def start(self, model: nn.Module, ctx: LocalContext) -> None:
         """``y_{i,0} ← broadcast.params``."""
         P.copy_(ctx.params, ctx.broadcast.params)

@@ -28,6 +28,10 @@ class InRoundLR(LocalUpdateRule):
     def make_optimizer(self, params, lr, default):
         return self.inner.make_optimizer(params, lr, default)
 
+    @property
+    def brings_optimizer(self) -> bool:
+        return self.inner.brings_optimizer
+
     def start(self, model, ctx):
         self.inner.start(model, ctx)
 

@@ -22,6 +22,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from fedlight.data.base import FederatedDataModule, partition_labels
+from fedlight.data.labels import label_tensor, map_batch
 from fedlight.data.partition import Partitioner, partition_cached
 from fedlight.errors import ConfigError
 
@@ -52,6 +53,7 @@ class DatasetClients(FederatedDataModule):
         self.label_fn, self.client_fn = label_fn, client_fn
         self.collate_fn = collate_fn or default_collate
         self._num_classes = num_classes
+        self._class_to_idx: dict[Any, int] | None = None  # string labels: their class indices
 
     # ------------------------------------------------------------------ what subclasses change
     def _datasets(self) -> tuple[Dataset, Dataset | None]:
@@ -86,9 +88,12 @@ class DatasetClients(FederatedDataModule):
         for attr in ("targets", "labels"):
             found = getattr(train, attr, None)
             if found is not None and not callable(found):
-                return torch.as_tensor(np.asarray(found))
+                labels, self._class_to_idx = label_tensor(found, f"the train set's `{attr}`")
+                return labels
         if self.label_fn is not None:
-            return torch.as_tensor(np.asarray([self.label_fn(train[i]) for i in range(len(train))]))
+            labels, self._class_to_idx = label_tensor([self.label_fn(train[i]) for i in range(len(train))],
+                                                      "`label_fn`")
+            return labels
         return None
 
     def _split(self, train: Dataset, labels: Tensor | None, seed: int) -> list[np.ndarray]:
@@ -137,6 +142,7 @@ class DatasetClients(FederatedDataModule):
     def _to_device(self, batch: Any) -> Any:
         from lightning.fabric.utilities.apply_func import move_data_to_device
 
+        batch = map_batch(batch, self._class_to_idx)
         batch = move_data_to_device(batch, self.device)
         if self.input_dtype == torch.float64:  # 64-true: floating inputs keep full precision
             from lightning.fabric.utilities.apply_func import apply_to_collection

@@ -200,7 +200,8 @@ def check_targets(task: Task, cfg: LoopConfig) -> None:
 
 
 def local_optimization(fabric, model, task, algorithm, cfg, data=None):
-    """The task's own local optimization (a LightningModule's ``configure_optimizers``, schedulers and clip: see
-    :mod:`fedlight.tasks.lightning.optim`), else ``cfg.optimizer``: ``(cfg, optimizer factory, algorithm)``."""
-    own = getattr(task, "local_optimization", None)
-    return own(fabric, model, algorithm, cfg, data) if own is not None else (cfg, None, algorithm)
+    """The task's own local optimization (:meth:`~fedlight.tasks.Task.local_optimization`: a LightningModule's
+    ``configure_optimizers``, schedulers and clip, see :mod:`fedlight.tasks.lightning.optim`; else the loop's):
+    ``(cfg, optimizer factory or None, algorithm)``."""
+    local = task.local_optimization(fabric, model, algorithm, cfg, data)
+    return local.loop, local.optimizer, local.algorithm

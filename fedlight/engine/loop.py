@@ -114,7 +114,7 @@ class FederatedLoop:
                                server=self.server, store=self._store(), meta=self._meta(x))
         setup = TrainSetup(model=self.model, local=self.local, fabric=fabric,
                            optimizer=optimizer or cfg.optimizer_factory(), task=self.task,
-                           max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay, seed=seed)
+                           max_grad_norm=cfg.clip_norm, weight_decay=cfg.weight_decay, seed=seed)
         self.runner, self.runner_reason = select_runner(cfg, setup, self.state.meta["algorithm"])
         self.custom_aggregate = self.server.aggregates_itself()
 
@@ -183,7 +183,7 @@ class FederatedLoop:
         P.copy_(st.int_buffers, counts)  # clients' forward passes do not count; the round advances them below
         t_train = time.perf_counter()
         got = self._exchange(got)
-        row = RoundRow.of(plan, got)
+        row = RoundRow.of(plan, got, self.task.round_lrs(plan.info) or self.cfg.round_lrs(plan.info))
         if got.layout is None:  # nobody reported: the model and the server state stay as they are
             st.rounds_done = r + 1
         else:

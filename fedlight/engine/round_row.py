@@ -21,6 +21,7 @@ class RoundRow:
     round: int
     """1-based."""
     lr: float
+    """The lr of the round's first local step (the first param group's)."""
     sampled: list[int]
     clients_reported: int
     clients_dropped: int
@@ -41,11 +42,14 @@ class RoundRow:
     server: dict[str, float] = field(default_factory=dict)
     """The server rule's diagnostics."""
     aggregate_time_s: float | None = None
+    lr_last: float | None = None
+    """The lr of the round's last local step, when it differs from the first (an in-round schedule)."""
 
     @classmethod
-    def of(cls, plan, got) -> RoundRow:
+    def of(cls, plan, got, lrs: tuple[float, float] | None = None) -> RoundRow:
         info = plan.info
-        return cls(round=info.round + 1, lr=info.lr, sampled=list(info.sampled),
+        first, last = lrs if lrs is not None else (info.lr, info.lr)
+        return cls(round=info.round + 1, lr=first, lr_last=None if last == first else last, sampled=list(info.sampled),
                    clients_reported=len(plan.active) - len(got.skipped), clients_dropped=len(plan.dropped),
                    clients_skipped_nonfinite=len(got.skipped), clients=got.clients)
 

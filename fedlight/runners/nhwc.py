@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlight.runners.base import TrainSetup
-from fedlight.runners.stacked import StackedForward, StackedRunner
+from fedlight.runners.forward import StackedForward, input_hooks
+from fedlight.runners.stacked import StackedRunner
 
 
 @torch.library.custom_op("fedlight::stacked_conv2d", mutates_args=())
@@ -88,11 +89,14 @@ def _swappable(m: nn.Module) -> bool:
 
 
 @contextmanager
-def channels_last_convs(modules: list[nn.Conv2d]):
-    """Within the block, ``modules`` convolve through :func:`stacked_conv2d`."""
+def channels_last_convs(modules: list[nn.Conv2d], op=None):
+    """Within the block, ``modules`` convolve through ``op`` (default :func:`stacked_conv2d`; an operator with its
+    signature and a batching rule of its own)."""
+    op = op or stacked_conv2d
+
     def conv(m):
         stride, padding, dilation = list(m.stride), list(m.padding), list(m.dilation)
-        return lambda x, w, b: stacked_conv2d(x, w, b, stride, padding, dilation, m.groups)
+        return lambda x, w, b: op(x, w, b, stride, padding, dilation, m.groups)
 
     for m in modules:
         m._conv_forward = conv(m)
@@ -103,15 +107,25 @@ def channels_last_convs(modules: list[nn.Conv2d]):
             del m._conv_forward
 
 
+def _contiguous(x: Tensor) -> Tensor:
+    return x.contiguous()
+
+
 class ChannelsLastForward(StackedForward):
-    """The stacked loss with every zero-padded ``Conv2d`` convolving channels-last (see the module docstring)."""
+    """The stacked loss with every zero-padded ``Conv2d`` convolving channels-last (see the module docstring).
+
+    BatchNorm gets its input copied to the default layout: CUDA's batch norm asks an input whose strides look
+    channels-last whether it is channels-last contiguous, and under vmap that question is not implemented ("NYI:
+    querying is_contiguous inside of vmap for memory_format other than torch.contiguous_format", issue 42). The
+    copy costs one pass over the activations per BatchNorm layer (the GroupNorm models the route is for pay none).
+    """
 
     def __init__(self, model: nn.Module, fabric, compile: bool | str = False) -> None:
         super().__init__(model, fabric, compile)
         self.convs = [m for m in model.modules() if _swappable(m)]
 
     def __call__(self, params, buffers, batch, objective) -> Tensor:
-        with channels_last_convs(self.convs):
+        with channels_last_convs(self.convs), input_hooks(self.norms, _contiguous):
             return super().__call__(params, buffers, batch, objective)
 
 

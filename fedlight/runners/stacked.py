@@ -21,24 +21,19 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Generator, Iterator
+from dataclasses import replace
 
 import torch
-from lightning.fabric.plugins.precision import MixedPrecision
-from torch import Tensor, nn
-from torch.func import functional_call, vmap
-from torch.nn.utils.stateless import _reparametrize_module
 
 from fedlight.core import params as P
 from fedlight.core import precision as precisions
 from fedlight.core.params import Params
-from fedlight.core.rules import Broadcast, ClientResult, LocalContext, LocalUpdateRule, RoundInfo
+from fedlight.core.rules import Broadcast, ClientResult, LocalUpdateRule, RoundInfo
 from fedlight.core.sampling import seed_client_torch
 from fedlight.errors import ConfigError
-from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, compile_kwargs, context, outcome
+from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, context, outcome
+from fedlight.runners.forward import StackedContext, StackedForward
 from fedlight.runners.guard import (
     auto_chunk,
     cause,
@@ -50,6 +45,10 @@ from fedlight.runners.guard import (
     tree_bytes,
 )
 from fedlight.runners.sequential import SequentialRunner
+from fedlight.runners.stacking import _keys, chunks, groups, slice_tree, stack_tree
+
+__all__ = ["StackedContext", "StackedForward", "StackedRunner", "check_supported", "chunks", "groups", "slice_tree",
+           "stack_tree"]
 
 
 def check_supported(local: LocalUpdateRule, name: str) -> None:
@@ -57,151 +56,6 @@ def check_supported(local: LocalUpdateRule, name: str) -> None:
     if why is not None:
         raise ConfigError(f"`loop.client_parallelism: vmap` cannot run {name}: {why}. "
                           "Use `loop.client_parallelism: sequential` for this algorithm")
-
-
-class _Bound:
-    """Calls ``model`` with one client's parameters and buffers (inside vmap: one slice of the stack)."""
-
-    def __init__(self, model: nn.Module, params: Params, buffers: Params) -> None:
-        self.model, self.params, self.buffers = model, params, buffers
-        self._fedlight_module = model  # what a task reads to reach the module behind the binding
-
-    def __call__(self, *args, **kwargs):
-        return functional_call(self.model, (self.params, self.buffers), args, kwargs)
-
-    def __getattr__(self, name: str):
-        """Any other method of the model (a LightningModule's ``training_step``) runs with this client's tensors."""
-        attr = getattr(self.model, name)
-        if not callable(attr):
-            return attr
-
-        def bound(*args, **kwargs):
-            with _reparametrize_module(self.model, {**self.params, **self.buffers}):
-                return attr(*args, **kwargs)
-
-        return bound
-
-
-class StackedForward:
-    """Per-client losses ``[C]`` of stacked parameters: ``vmap`` of ``functional_call``, optionally compiled.
-
-    Under mixed precision inputs stay float32 (autocast casts weights and inputs itself: under vmap it does not
-    cast a batched float32 weight to meet an input already in bf16). Eager BatchNorm under vmap + autocast
-    fails on CUDA ("Expected running_mean to have type BFloat16"): vmap's batching rule calls the kernel without
-    the float32 affine weight, which is what licenses a bf16 input next to float32 statistics. Eager stacked
-    runs therefore feed BatchNorm float32 inputs (a forward pre-hook, only inside this call); compiled runs need
-    no hook, inductor decomposes the normalisation.
-    """
-
-    def __init__(self, model: nn.Module, fabric: Any, compile: bool | str = False) -> None:
-        self.model = model
-        self.precision = None if fabric is None else fabric.strategy.precision
-        self.mixed = isinstance(self.precision, MixedPrecision)
-        self.compiled = bool(compile)
-        self.norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-        fn = self._losses
-        if compile:
-            fn = torch.compile(fn, dynamic=False, **compile_kwargs(compile))
-        self.fn = fn
-
-    @classmethod
-    def shared(cls, model: nn.Module, fabric: Any, compile: bool | str = False) -> StackedForward:
-        """One instance per (model, precision, compile), so loops over the same model reuse compiled code."""
-        precision = None if fabric is None else fabric.strategy.precision
-        key = (cls.__name__, type(precision).__name__, str(getattr(precision, "precision", "")), compile)
-        per_model = model.__dict__.setdefault("_fedlight_stacked_forwards", {})  # dies with the model
-        if key not in per_model:
-            per_model[key] = cls(model, fabric, compile)
-        return per_model[key]
-
-    def _losses(self, params: Params, buffers: Params, batch: Any, objective: Callable) -> Tensor:
-        model, precision = self.model, self.precision
-
-        def one(p: Params, b: Params, batch_c: Any) -> Tensor:
-            with precision.forward_context() if precision is not None else nullcontext():
-                return objective(_Bound(model, p, b), batch_c)
-
-        return vmap(one, randomness="different")(params, buffers, batch)
-
-    def __call__(self, params: Params, buffers: Params, batch: Any, objective: Callable) -> Tensor:
-        if self.precision is not None and not self.mixed:
-            batch = self.precision.convert_input(batch)  # e.g. float64 for 64-true
-        with _float32_inputs(self.norms) if self.mixed and not self.compiled else nullcontext():
-            return self.fn(params, buffers, batch, objective)
-
-
-@contextmanager
-def _float32_inputs(modules: list[nn.Module]):
-    """Within the block, ``modules`` receive their first input cast to float32."""
-    def hook(_m, args):
-        return (args[0].float(), *args[1:])
-
-    handles = [m.register_forward_pre_hook(hook) for m in modules]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-@dataclass(eq=False)
-class StackedContext(LocalContext):
-    """A :class:`~fedlight.core.rules.LocalContext` whose tensors carry a leading client dimension."""
-
-    buffers: Params = field(default_factory=dict)
-    """Stacked floating-point buffers (BatchNorm running statistics), one slice per client."""
-    forward: StackedForward | None = None
-    """Computes the per-client losses (set by :class:`StackedRunner`)."""
-
-    def loss(self, model: nn.Module, batch: Any) -> Tensor:
-        """Per-client losses, shape ``[C]``."""
-        forward = self.forward if self.forward is not None else StackedForward.shared(model, self.fabric)
-        return forward(self.params, self.buffers, batch, self.objective)
-
-
-# ------------------------------------------------------------------------------------- stacking helpers
-def stack_tree(items: Sequence[Any], what: str) -> Any:
-    """Stack tensors (dicts recursively) along a new dim 0; other values must agree across clients."""
-    first = items[0]
-    if isinstance(first, Tensor):
-        return torch.stack(list(items))
-    if isinstance(first, (tuple, list)):
-        return type(first)(stack_tree([it[j] for it in items], f"{what}[{j}]") for j in range(len(first)))
-    if isinstance(first, dict):
-        keys = list(first)
-        if any(list(it) != keys for it in items):
-            raise ValueError(f"{what}: clients differ in keys")
-        return {k: stack_tree([it[k] for it in items], f"{what}.{k}") for k in keys}
-    if any(it != first for it in items):
-        raise ConfigError(f"`loop.client_parallelism: vmap`: {what} differs between clients of a chunk "
-                          f"({items!r}); use `loop.client_parallelism: sequential`")
-    return first
-
-
-def slice_tree(tree: Any, i: int, n: int) -> Any:
-    """Client ``i``'s part of a stacked tree (copies, so the stack can be freed)."""
-    if isinstance(tree, Tensor):
-        return tree[i].clone() if tree.dim() > 0 and tree.shape[0] == n else tree
-    if isinstance(tree, dict):
-        return {k: slice_tree(v, i, n) for k, v in tree.items()}
-    return tree
-
-
-def groups(cids: Sequence[int], signature) -> list[list[int]]:
-    """Clients grouped by ``signature(cid)``, groups and members in first-seen order."""
-    out: dict[Any, list[int]] = {}
-    for c in cids:
-        out.setdefault(signature(c), []).append(c)
-    return list(out.values())
-
-
-def chunks(cids: Sequence[int], signature, size: int | None) -> list[list[int]]:
-    """Group clients by ``signature(cid)`` (first-seen order), then cut groups into pieces of ``size``."""
-    out = []
-    for g in groups(cids, signature):
-        step = size or len(g)
-        out.extend(g[i : i + step] for i in range(0, len(g), step))
-    return out
 
 
 # ------------------------------------------------------------------------------------- the runner
@@ -237,10 +91,13 @@ class StackedRunner:
 
     @property
     def description(self) -> str:
-        """The runner that trains now: ``stacked, compiled``, ``stacked, eager`` or ``sequential``."""
+        """The runner that trains now: ``stacked, compiled`` (``with CUDA graphs``), ``stacked, eager`` or
+        ``sequential``."""
         if self.sequential is not None:
             return "sequential"
-        return f"stacked, {'compiled' if self.forward.compiled else 'eager'}"
+        f = self.forward
+        return f"stacked, {'eager' if not f.compiled else 'compiled'}" + (
+            " with CUDA graphs" if f.compile == "reduce-overhead" else "")
 
     def train(self, jobs: list[ClientJob], info: RoundInfo, buffers: Params) -> Iterator[ClientOutcome]:
         if self.chunk == "auto":
@@ -292,7 +149,11 @@ class StackedRunner:
 
     def _fall_back(self, e: BaseException) -> None:
         s = self.setup
-        if self.forward.compiled:
+        if self.forward.compile == "reduce-overhead":  # graphs → compiled without graphs → eager → sequential
+            self.forward, self._compile_failed = type(self.forward).shared(s.model, s.fabric, True), True
+            line = (f"the CUDA graphs of the stacked step failed ({cause(e)}); training goes on compiled without "
+                    "graphs. Force a choice with `--loop.compile true` or `--loop.compile false` (eager stacked)")
+        elif self.forward.compiled:
             self.forward, self._compile_failed = type(self.forward).shared(s.model, s.fabric, False), True
             line = (f"torch.compile of the stacked step failed ({cause(e)}); training goes on with the eager stacked "
                     "runner. Force a choice with `--loop.compile false` (eager stacked) or "
@@ -331,6 +192,16 @@ class StackedRunner:
 
     def train_chunk(self, jobs: list[ClientJob], info: RoundInfo, buffers: Params) -> list[ClientOutcome]:
         """Train ``jobs`` together from their broadcasts."""
+        steps = self.stepwise(jobs, info, buffers)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def stepwise(self, jobs: list[ClientJob], info: RoundInfo,
+                 buffers: Params) -> Generator[None, None, list[ClientOutcome]]:
+        """``train_chunk`` paused after each stacked step (a runner that interleaves chunks advances several)."""
         s, C = self.setup, len(jobs)
         bc = Broadcast(params=stack_tree([j.broadcast.params for j in jobs], "broadcast.params"),
                        extras=stack_tree([j.broadcast.extras for j in jobs], "broadcast.extras"),
@@ -348,6 +219,7 @@ class StackedRunner:
             for batches in zip(*streams):
                 batch = stack_tree(batches, "batch")
                 loss_sum.add_(s.local.step(s.model, batch, ctx))
+                yield
             result = s.local.finish(s.model, ctx)
         return [self._slice(job, i, C, result, ctx, loss_sum, stacked_buffers) for i, job in enumerate(jobs)]
 
@@ -357,8 +229,3 @@ class StackedRunner:
                            metrics=slice_tree(result.metrics, i, C), upload_scalars=result.upload_scalars)
         return outcome(job, res, slice_tree(ctx.metrics, i, C), loss_sum[i], slice_tree(ctx.state, i, C),
                        slice_tree(buffers, i, C))
-
-
-def _keys(state: dict[str, Any]) -> tuple:
-    """The nested key structure of a client state (clients stack only when theirs agree)."""
-    return tuple((k, _keys(v)) if isinstance(v, dict) else (k,) for k, v in sorted(state.items()))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,6 +22,22 @@ from torch import Tensor, nn
 
 from fedlight.core import precision as precisions
 from fedlight.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LocalOptimization:
+    """How clients optimise locally, as a task decides it (:meth:`Task.local_optimization`)."""
+
+    loop: Any
+    """The loop settings the run uses (a LightningModule's lr, weight decay and clip in place of the loop's)."""
+    algorithm: Any
+    """The rule pair (a LightningModule with manual optimisation: FedAvg's client stepping the module's code)."""
+    optimizer: Callable[..., Any] | None = None
+    """``factory(params, lr=η)`` for the local optimizer; ``None``: ``loop.optimizer``."""
+    effective: str | None = None
+    """The line saying what trains, when it is not the loop's settings (``summary.json``'s ``local_optimization``)."""
+    hint: str | None = None
+    """What a diverging loss should blame (the module's optimizer and lr), else ``None``."""
 
 
 class Task:
@@ -46,6 +63,16 @@ class Task:
 
     def setup(self, data: Any) -> None:
         """Learn what the task needs from the data module after its ``setup`` (e.g. the number of classes)."""
+
+    def local_optimization(self, fabric: Any, model: nn.Module, algorithm: Any, loop: Any,
+                           data: Any = None) -> LocalOptimization:
+        """The local optimisation this task's model brings. Default: the loop's settings, unchanged."""
+        return LocalOptimization(loop=loop, algorithm=algorithm)
+
+    def round_lrs(self, info: Any) -> tuple[float, float] | None:
+        """The lr of round ``info.round``'s first and last local step when the task sets it (a LightningModule's
+        schedule); ``None``: the loop's."""
+        return None
 
     def begin_round(self, info: Any) -> None:
         """Round ``info.round`` is about to train (a task that tracks the round, e.g. a LightningModule's epoch)."""
@@ -180,7 +207,8 @@ def guard(what: str, fn: Callable, batch: Any = None) -> Any:
             raise ConfigError(f"the data's labels are strings ({', '.join(map(repr, strings[:3]))}, ...): {what} "
                               "needs integer class indices. Map them in your dataset, as torchvision's ImageFolder "
                               "does (`class_to_idx = {name: i for i, name in enumerate(sorted(names))}`, then return "
-                              "`class_to_idx[label]`)") from None
+                              "`class_to_idx[label]`), or pass the data module `label_fn` (sample -> label): fedlight "
+                              "then maps the names to class indices") from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"model, data and task do not fit together: {what} failed on the first batch "
                           f"({type(e).__name__}: {first}). Check the model's input/output size against the data "

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from fedtest import contract_loop, grad, image_clients, linear_model, make_loop, problem, tiny_cnn
+from fedtest import DEVICES, contract_loop, grad, image_clients, linear_model, make_loop, problem, tiny_cnn
 from torch import nn
 
 import fedlight
@@ -82,23 +82,17 @@ def test_eager_stacked_batchnorm_gets_float32_inputs_under_mixed_precision():
     torch.testing.assert_close(out["vmap"][1], out["sequential"][1], rtol=0, atol=5e-2)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("compile", [False, "aot_eager"])
-def test_batchnorm_stacked_bf16_on_cuda(compile):
-    """The failure this guards against happens only in CUDA's eager batch_norm under vmap."""
-    import lightning as L
-
-    from fedlight.data import TensorClients
-    from fedlight.engine.loop import FederatedLoop
-
-    fabric = L.Fabric(accelerator="cuda", devices=1, precision="bf16-mixed")
-    data = TensorClients(image_clients(), batch_size=4)
-    data.setup(fabric.device, 0)
-    cfg = LoopConfig(rounds=1, clients_per_round=3, local_steps=3, lr=0.05, progress=False,
+def test_batchnorm_stacked_bf16_on_the_device(device, compile):
+    """The failure this guards against happens only in CUDA's eager batch_norm under vmap; the CPU value runs the
+    same construction in CI."""
+    loop = make_loop(fedlight.create("fedavg"), image_clients(), tiny_cnn(), rounds=1, local_steps=3, lr=0.05,
+                     clients_per_round=3, precision="bf16-mixed", batch_size=4, accelerator=device,
                      client_parallelism="vmap", compile=compile)
-    loop = FederatedLoop(fabric, tiny_cnn(), data, fedlight.create("fedavg"), cfg, 0, "unused", data.default_task())
+    assert loop.runner.description == f"stacked, {'compiled' if compile else 'eager'}"
     row = loop.run_round(0)
-    assert 0 < row["train_loss"] < 10
+    assert 0 < row["train_loss"] < 10 and not loop.runner.fallbacks
 
 
 def test_round_row_lists_sampled_clients_and_per_client_results():
@@ -200,3 +194,27 @@ def test_a_wrapped_server_rule_keeps_its_aggregate_override():
         wrapped.run_round(r)
     for k in plain.x:
         torch.testing.assert_close(wrapped.x[k], plain.x[k], rtol=0, atol=0, msg=k)
+
+
+def test_failing_cuda_graphs_fall_back_to_the_compiled_stacked_step(monkeypatch):
+    """``auto``'s route on CUDA is the stacked step with CUDA graphs; when the graphs fail (compiling or first
+    running a shape, e.g. a rule that keeps a graph's output past the next replay), the runner goes on compiled
+    without them, redoing the chunk: the numbers are the sequential runner's. (CPU: every compile is aot_eager.)"""
+    import fedlight.runners.forward as forward
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(forward, "compile_kwargs", lambda compile: {"backend": "aot_eager"})
+    seq = contract_loop("fedsam", client_parallelism="sequential")
+    loop = contract_loop("fedsam", client_parallelism="vmap")
+    loop.runner = runner = StackedRunner(loop.runner.setup, None, "reduce-overhead")
+    assert runner.description == "stacked, compiled with CUDA graphs"
+
+    def overwritten(*args, **kw):
+        raise RuntimeError("Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run")
+
+    runner.forward.fn = overwritten
+    for r in range(2):
+        assert loop.run_round(r)["train_loss"] == pytest.approx(seq.run_round(r)["train_loss"], abs=1e-5)
+    assert runner.description == "stacked, compiled" and len(runner.fallbacks) == 1
+    assert runner.fallbacks[0].startswith("the CUDA graphs of the stacked step failed (RuntimeError: Error: accessing")
+    torch.testing.assert_close(P.flatten(loop.x), P.flatten(seq.x), rtol=0, atol=1e-5)

@@ -213,11 +213,13 @@ def test_stacked_equals_sequential_with_a_schedule_and_hooks(tmp_path):
 def test_an_unused_default_clip_is_not_applied_and_an_explicit_one_is(tmp_path, capsys):
     torch.manual_seed(0)
     init = LitMLP().state_dict()
-    for name, clip in (("default", 10.0), ("none", None), ("tight", 0.01)):
+    for name, clip in (("default", "auto"), ("none", None), ("tight", 0.01), ("ten", 10.0)):
         m = LitMLP()
         m.load_state_dict(init)
         _fit(tmp_path, m, name=name, loop={"max_grad_norm": clip})
-    assert "gradient clip 0.01 (`loop.max_grad_norm`)" in "".join(capsys.readouterr())
+    err = "".join(capsys.readouterr())
+    assert "gradient clip 0.01 (`loop.max_grad_norm`)" in err and "gradient clip 10 (`loop.max_grad_norm`)" in err
+    assert err.count("no gradient clip (`loop.max_grad_norm: auto` clips only fedlight's own models") == 2
     _close(_final(tmp_path, "default"), _final(tmp_path, "none"))
     assert not torch.equal(_final(tmp_path, "tight")["net.0.weight"], _final(tmp_path, "none")["net.0.weight"])
 

@@ -6,7 +6,9 @@ other (whichever is installed is used). A plain ``nn.Module`` stays a plain modu
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import sys
 from typing import Any
 
@@ -67,3 +69,20 @@ def note(fabric: Any, message: str) -> None:
         fabric.print(f"fedlight: note: {message}")
     else:
         print(f"fedlight: note: {message}", file=sys.stderr)
+
+
+def takes_index(step: Any) -> bool:
+    """Whether a step method takes ``batch_idx`` after the batch (Lightning passes it only then)."""
+    return _takes_index(getattr(step, "__func__", step))
+
+
+@functools.lru_cache(maxsize=64)
+def _takes_index(fn: Any) -> bool:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    if any(p.kind is p.VAR_POSITIONAL or p.name == "batch_idx" for p in params):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= (3 if hasattr(fn, "__code__") and positional and positional[0].name == "self" else 2)

@@ -3,6 +3,7 @@ trimmed), then which rounds are kept and how to continue. The command line exits
 
 from __future__ import annotations
 
+import functools
 import sys
 import sysconfig
 import traceback
@@ -33,12 +34,40 @@ def user_code_error(e: BaseException, record: Any) -> UserCodeError | None:
     except Exception:  # noqa: BLE001 - the message below still holds for what reached the disk
         pass
     kept = getattr(record, "saved_round", 0)
-    where = "".join(traceback.format_list(frames)).rstrip()
-    what = "".join(traceback.format_exception_only(type(e), e)).strip()
+    where, what = _frames(frames), _what(e)
     rounds = (f"rounds 1-{kept} are kept in {record.out}/checkpoints/last.ckpt; fix the code and rerun the same "
               f"command with `--resume auto` to continue exactly from round {kept + 1}" if kept else
               "no round had finished, so nothing is kept; fix the code and rerun")
     return UserCodeError(f"your code raised during training:\n{where}\n{what}\nfedlight: {rounds}")
+
+
+def guard_user(what: str, fn: Any, batch: Any = None) -> Any:
+    """Run ``fn`` (the module's own step before round 1); an exception raised in the user's code becomes a
+    :class:`ConfigError` showing the user's frames (string labels in ``batch`` named as the cause)."""
+    from fedlight.tasks.base import _strings, guard
+
+    try:
+        return fn()
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - shown with the user's frames, or judged by the generic guard
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if _users(f.filename)]
+        if not frames or _strings(batch):  # string labels: named as the cause
+            return guard(what, functools.partial(_reraise, e), batch)
+        raise ConfigError(f"{what} raised on the first batch, before round 1:\n{_frames(frames)}\n{_what(e)}\n"
+                          "fedlight: fix it in your code and rerun") from None
+
+
+def _reraise(e: BaseException) -> Any:
+    raise e
+
+
+def _frames(frames: list) -> str:
+    return "".join(traceback.format_list(frames)).rstrip()
+
+
+def _what(e: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(e), e)).strip()
 
 
 def _users(filename: str) -> bool:

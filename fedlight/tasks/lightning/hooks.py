@@ -10,6 +10,7 @@ returning ``None`` skips the step (no optimizer step), as in Lightning.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -17,12 +18,14 @@ from torch import Tensor
 
 from fedlight.core import params as P
 from fedlight.core.params import in_stacked
+from fedlight.tasks.lightning.groups import optimizers_of
 from fedlight.tasks.lightning.logs import capture_logs
 
 
 def call_hook(module: Any, name: str, *args: Any, sink: dict | None = None) -> Any:
-    """``module.<name>(*args)`` with its ``self.log`` values added to ``sink`` (``{name: (value, batch_size)}``)."""
-    with capture_logs(module) as logs:
+    """``module.<name>(*args)`` with its ``self.log`` calls added to ``sink`` (``{name: Logged}``; an epoch hook
+    logs on_epoch by default, a step hook on_step, as in Lightning)."""
+    with capture_logs(module, step="epoch" not in name) as logs:
         out = getattr(module, name)(*args)
     if sink is not None:
         sink.update(logs)
@@ -30,33 +33,73 @@ def call_hook(module: Any, name: str, *args: Any, sink: dict | None = None) -> A
 
 
 class ClientOptimizer:
-    """``self.optimizers()`` during a client's round: the client's optimizer, whose ``step`` clips (when
-    ``loop.max_grad_norm`` is set), steps under the precision plugin and counts the lr, as the rule's own step."""
+    """One of ``self.optimizers()`` during a client's round: a client optimizer whose ``step`` clips its own
+    parameters' gradients (when ``loop.max_grad_norm`` is a number), steps under the precision plugin and counts the
+    lr (the first optimizer's), as the rule's own step. Gradients persist until the module zeroes them."""
 
-    def __init__(self, ctx: Any) -> None:
-        self._ctx = ctx
+    def __init__(self, ctx: Any, optimizer: torch.optim.Optimizer, first: bool = True) -> None:
+        self._ctx, self._optimizer, self._first = ctx, optimizer, first
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        return self._ctx.optimizer
+        return self._optimizer
 
     def step(self, closure: Any = None) -> None:
-        ctx = self._ctx
+        ctx, opt = self._ctx, self._optimizer
         if closure is not None:
             closure()
-        ctx.lr_sum += ctx.optimizer.param_groups[0]["lr"]
+        if self._first:
+            ctx.lr_sum += opt.param_groups[0]["lr"]
         with torch.no_grad():
-            P.joint_clip_([p.grad for p in ctx.params.values() if p.grad is not None], ctx.max_grad_norm)
+            grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            P.joint_clip_(grads, ctx.max_grad_norm)
         if ctx.fabric is None or ctx._plain:
-            ctx.optimizer.step()
+            opt.step()
         else:
-            ctx.fabric.strategy.optimizer_step(ctx.optimizer)
+            ctx.fabric.strategy.optimizer_step(opt)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self._ctx.optimizer.zero_grad(set_to_none=set_to_none)
+        self._optimizer.zero_grad(set_to_none=set_to_none)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._ctx.optimizer, name)
+        return getattr(self._optimizer, name)
+
+
+class NoStep:
+    """``self.optimizers()`` outside a client's round (the probe, an evaluation by ``training_step``): the
+    module's optimizer's groups, stepping nothing."""
+
+    def __init__(self, optimizer: Any = None) -> None:
+        self.param_groups = [dict(g) for g in optimizer.param_groups] if optimizer is not None else [{}]
+
+    def step(self, closure: Any = None) -> None:
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        return None
+
+
+@contextmanager
+def frozen(module: Any, optimizers: list):
+    """Within the block, ``self.optimizers()`` steps nothing and ``self.manual_backward`` does nothing."""
+    saved = {k: module.__dict__.get(k) for k in ("optimizers", "manual_backward")}
+    views = [NoStep(o) for o in optimizers] or [NoStep()]
+    module.__dict__["optimizers"] = lambda use_pl_optimizer=True: views[0] if len(views) == 1 else views
+    module.__dict__["manual_backward"] = lambda loss, *args, **kwargs: None
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                module.__dict__.pop(k, None)
+            else:
+                module.__dict__[k] = v
+
+
+def set_lrs(optimizer: Any, lrs: tuple[float, ...]) -> None:
+    """Each param group's lr (the module's schedule at this step)."""
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
 
 
 class ClientHooks:
@@ -67,11 +110,13 @@ class ClientHooks:
         self.logs: dict[str, tuple[Any, Any]] = {}
         self.skip, self.batch, self.outputs = False, None, None
         self.stacked = in_stacked() or type(ctx).__name__ == "StackedContext"
-        module.__dict__["optimizers"] = lambda use_pl_optimizer=True: ClientOptimizer(ctx)
+        opts = [ClientOptimizer(ctx, o, i == 0) for i, o in enumerate(optimizers_of(ctx.optimizer))]
+        module.__dict__["optimizers"] = lambda use_pl_optimizer=True: opts[0] if len(opts) == 1 else opts
         module.__dict__["lr_schedulers"] = lambda: _schedulers(task, ctx)
         module.__dict__["manual_backward"] = self.manual_backward
         if not self.stacked:
-            self._wrap_step(ctx.optimizer)
+            for opt in optimizers_of(ctx.optimizer):
+                self._wrap_step(opt)
             call_hook(module, "on_train_epoch_start", sink=self.logs)
 
     def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
@@ -80,7 +125,8 @@ class ClientHooks:
             loss.backward(*args, **kwargs)
         else:
             ctx.fabric.backward(loss, *args, **kwargs)
-            ctx.fabric.strategy.precision.unscale_gradients(ctx.optimizer)
+            for opt in optimizers_of(ctx.optimizer):
+                ctx.fabric.strategy.precision.unscale_gradients(opt)
 
     def before_step(self, batch: Any, k: int) -> None:
         """Before ``training_step`` of local step ``k`` (once per step, even when a rule evaluates it twice)."""
@@ -118,7 +164,7 @@ class ClientHooks:
         self.ctx.scratch["lightning_ended"] = True
         self.task.trainer.global_step = self.ctx.round * self.ctx.num_steps + self.ctx.num_steps
         call_hook(self.module, "on_train_epoch_end", sink=self.logs)
-        self.task._train_logs(self.logs, self.ctx.scratch.setdefault("lightning_logs", {}), self.ctx)
+        self.task._train_logs(self.logs, self.ctx.scratch["lightning_logs"], self.ctx, final=True)
         self.logs.clear()
 
 

@@ -15,18 +15,28 @@ from fedlight.errors import ConfigError
 
 
 class ManualLocalUpdate(LocalUpdateRule):
-    """FedAvg's client, with each local step being one call of the module's ``training_step``."""
+    """FedAvg's client, with each local step being one call of the module's ``training_step``. Gradients persist
+    across the client's steps until the module zeroes them (gradient accumulation, as Lightning's Trainer keeps
+    them); a client starts and ends its round with none."""
 
     stacked_unsupported = "a LightningModule with manual optimisation steps its optimizer inside training_step"
+
+    def start(self, model: nn.Module, ctx: LocalContext) -> None:
+        super().start(model, ctx)
+        ctx.zero_grad()
 
     def step(self, model: nn.Module, batch: Any, ctx: LocalContext) -> Tensor:
         loss = ctx.loss(model, batch)
         hooks = ctx.scratch.get("lightning_hooks")
         if hooks is not None and ctx.step_index == ctx.num_steps - 1:
             hooks.end()
-        ctx.zero_grad()
         ctx.step_index += 1
         return loss.detach() if isinstance(loss, Tensor) and loss.dim() == 0 else torch.zeros(())
+
+
+    def finish(self, model: nn.Module, ctx: LocalContext):
+        ctx.zero_grad()
+        return super().finish(model, ctx)
 
 
 def manual_algorithm(algorithm: Any, name: str) -> Any:

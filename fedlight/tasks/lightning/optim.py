@@ -1,68 +1,78 @@
 """A LightningModule's own local optimization, used as it is written, and said in the run's first lines.
 
-``configure_optimizers`` gives the local optimizer (class and hyperparameters of its first param group) and its lr
-schedulers (replayed per step, :mod:`.lightning_schedule`), unless the rule prescribes its own optimizer. fedlight's
-own defaults for its models do not apply to a LightningModule: ``loop.lr``, ``loop.weight_decay``,
-``loop.momentum`` and ``loop.lr_schedule`` are not used when the module brings an optimizer, and
-``loop.max_grad_norm`` clips only when set to another value than its default (10). One line states what is used.
+``configure_optimizers`` gives the local optimizers, rebuilt per client with every param group's own
+hyperparameters (:mod:`.groups`), and their lr schedulers (replayed per step, :mod:`.schedule`), unless the rule
+prescribes its own optimizer. Several optimizers need manual optimisation, as in Lightning; param groups whose lr or
+weight decay differ are refused, naming the group, by a rule that cannot apply them (its own optimizer, or local
+algebra that reads the one lr). fedlight's own defaults for its models do not apply to a LightningModule:
+``loop.lr``, ``loop.weight_decay``, ``loop.momentum`` and ``loop.lr_schedule`` are not used when the module brings
+an optimizer, and ``loop.max_grad_norm: auto`` does not clip it (a number does). One line states what is used.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 from types import SimpleNamespace
 from typing import Any
 
 from fedlight.core.loop_config import LoopConfig, LRSchedule
+from fedlight.core.schedule import InRoundLR
 from fedlight.errors import ConfigError
+from fedlight.tasks.base import LocalOptimization
 from fedlight.tasks.lightning.compat import module_name, note, overrides
+from fedlight.tasks.lightning.groups import ModuleOptimizers, describe
 from fedlight.tasks.lightning.hooks import call_hook
 from fedlight.tasks.lightning.schedule import Schedule, read_configure_optimizers
 from fedlight.tasks.lightning.trainer import FedTrainer, attach
 
-DEFAULT_CLIP = LoopConfig.__dataclass_fields__["max_grad_norm"].default
 
-
-def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, data=None):
-    """Attach the stand-in trainer, call ``configure_model`` / ``setup("fit")``, and return ``(loop, optimizer
-    factory or None, algorithm)`` for the module's own optimization (see the module docstring)."""
+def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, data=None) -> LocalOptimization:
+    """Attach the stand-in trainer, call ``configure_model`` / ``setup("fit")``, and return the module's own
+    optimization (see the module docstring)."""
     from fedlight.tasks.lightning.manual import manual_algorithm
 
     name = module_name(model)
     _prepare(task, fabric, model, loop, data, name)
     task.manual = not model.automatic_optimization
-    clip = loop.max_grad_norm if loop.max_grad_norm != DEFAULT_CLIP else None
+    clip = None if loop.max_grad_norm == "auto" else loop.max_grad_norm
     loop = dataclasses.replace(loop, max_grad_norm=clip)
     if task.manual:
         algorithm = manual_algorithm(algorithm, name)
     schedule = f"schedule `loop.lr_schedule` ({loop.lr_schedule.kind}), {_clip(clip)}"
     if not overrides(model, "configure_optimizers"):
-        _say(fabric, task, f"local optimization: {name} has no configure_optimizers; `loop.optimizer` "
-             f"{loop.optimizer.rsplit('.', 1)[-1]}(lr={loop.lr:g}, weight_decay={loop.weight_decay:g}), {schedule}")
-        return loop, None, algorithm
-    if _own_optimizer(algorithm):
-        _say(fabric, task, f"{type(algorithm).__name__} prescribes its own local optimizer; "
-             f"{name}.configure_optimizers() is not used (nor its lr schedulers); {schedule}")
-        return loop, None, algorithm
-    first, group = _module_optimizer(task, fabric, model, name)
-    args = ", ".join(f"{k}={v}" for k, v in group.items()
-                     if k in ("lr", "weight_decay") or (isinstance(v, (int, float, tuple)) and v and v is not True))
+        return _said(fabric, loop, algorithm, None, f"local optimization: {name} has no configure_optimizers; "
+                     f"`loop.optimizer` {loop.optimizer.rsplit('.', 1)[-1]}(lr={loop.lr:g}, weight_decay="
+                     f"{loop.weight_decay:g}), {schedule}")
+    optimizers, factory = _module_optimizers(task, model, name)
+    own = algorithm.local.brings_optimizer
+    _check_groups(name, factory, algorithm, loop, own)
+    if own:
+        task.schedule = None
+        return _said(fabric, loop, algorithm, None, f"{type(algorithm).__name__} prescribes its own local "
+                     f"optimizer; {name}.configure_optimizers() is not used (read only for its param groups; nor its "
+                     f"lr schedulers); {schedule}")
+    first, group = optimizers[0], factory.groups[0]
     in_round = "constant" if task.schedule else loop.local_lr_schedule  # the module's own schedule wins
     sched = (f"its lr schedule {task.schedule.describe()} (replayed per client step r·K+k; `loop.lr_schedule` and "
              "`loop.local_lr_schedule` do not apply)") if task.schedule else (
         "constant lr (no lr scheduler; `loop.lr_schedule` does not apply)" if in_round == "constant" else
         f"the module's lr under `loop.local_lr_schedule` {in_round} within each round (no lr scheduler)")
-    _say(fabric, task, f"local optimizer from {name}.configure_optimizers(): {type(first).__name__}({args}); "
-         f"{sched}; {_clip(clip)}; `loop.lr`, `loop.optimizer`, `loop.momentum` and `loop.weight_decay` are not used")
-    _sgd_note(fabric, algorithm, first, group)
+    line = (f"local optimizer from {name}.configure_optimizers(): {' + '.join(describe(o) for o in optimizers)}"
+            f"{_groups_said(factory)}; {sched}; {_clip(clip)}; `loop.lr`, `loop.optimizer`, `loop.momentum` and "
+            "`loop.weight_decay` are not used")
+    if not task.manual:
+        _sgd_note(fabric, algorithm, first, group)
     loop = dataclasses.replace(loop, lr=float(group["lr"]), weight_decay=float(group.get("weight_decay", 0.0)),
                                momentum=0.0, lr_schedule=LRSchedule(), local_lr_schedule=in_round)
-    hyper = {k: v for k, v in group.items() if k in _init_args(type(first)) and k != "lr"}
-    task.hint = (f"the module's local optimizer {type(first).__name__} at lr {group['lr']:g} (from "
-                 f"{name}.configure_optimizers()) may be too large for {type(algorithm).__name__}; lower it there")
-    return loop, functools.partial(type(first), **hyper), algorithm
+    hint = (f"the module's local optimizer {type(first).__name__} at lr {group['lr']:g} (from "
+            f"{name}.configure_optimizers()) may be too large for {type(algorithm).__name__}; lower it there")
+    return _said(fabric, loop, algorithm, factory, line, hint)
+
+
+def _said(fabric, loop, algorithm, factory, line: str, hint: str | None = None) -> LocalOptimization:
+    """The result, its line printed from rank 0."""
+    (fabric.print if fabric is not None else print)(f"fedlight: {line}")
+    return LocalOptimization(loop=loop, algorithm=algorithm, optimizer=factory, effective=line, hint=hint)
 
 
 def _prepare(task: Any, fabric, model, loop: LoopConfig, data, name: str) -> None:
@@ -79,46 +89,61 @@ def _prepare(task: Any, fabric, model, loop: LoopConfig, data, name: str) -> Non
                           "there is nothing to train federatedly. Unfreeze at least one parameter")
 
 
-def _module_optimizer(task: Any, fabric, model, name: str):
-    """``configure_optimizers()`` read: its first optimizer and first param group's hyperparameters; the trainer's
-    ``optimizers`` / ``lr_scheduler_configs`` and the task's schedule set; a note for each part not used."""
-
+def _module_optimizers(task: Any, model, name: str) -> tuple[list, ModuleOptimizers]:
+    """``configure_optimizers()`` read: its optimizers, the factory that rebuilds them per client, the trainer's
+    ``optimizers`` / ``lr_scheduler_configs`` and the task's schedule; several optimizers need manual optimisation
+    (Lightning refuses them with automatic optimisation too)."""
     optimizers, configs = read_configure_optimizers(model.configure_optimizers(), name)
-    first = optimizers[0]
-    for line in _notes(name, optimizers, configs, first):
-        note(fabric, line)
+    if len(optimizers) > 1 and not task.manual:
+        raise ConfigError(f"{name}.configure_optimizers() returns {len(optimizers)} optimizers, which Lightning, and "
+                          "fedlight, train only with manual optimisation: set `self.automatic_optimization = False` "
+                          "and step each in training_step (`opt_a, opt_b = self.optimizers()`), or return one "
+                          "optimizer with param groups")
+    factory = ModuleOptimizers(model, optimizers)  # before any replay of the schedule changes an lr
     task.trainer.optimizers = optimizers
     task.trainer.lr_scheduler_configs = [SimpleNamespace(**c) for c in configs]
-    task.schedule = Schedule(first, configs)
-    return first, {k: v for k, v in first.param_groups[0].items() if k != "params"}
+    task.schedule = Schedule(optimizers, configs)
+    return optimizers, factory
 
 
-def _say(fabric, task: Any, line: str) -> None:
-    (fabric.print if fabric is not None else print)(f"fedlight: {line}")
-    task.effective = line
+def _check_groups(name: str, factory: ModuleOptimizers, algorithm, loop: LoopConfig, own: bool) -> None:
+    """Refuse, naming the group, param groups whose lr or weight decay differ under a rule that cannot apply them."""
+    differing = factory.differing()
+    if not differing:
+        return
+    rule, (i, diff) = type(algorithm).__name__, differing[0]
+    what = ", ".join(f"{k}={v:g}" for k, v in diff.items())
+    first = ", ".join(f"{k}={factory.groups[0].get(k, 0.0):g}" for k in diff)
+    why = (f"{rule} builds its own local optimizer with one lr and weight decay for every parameter" if own else
+           f"{rule}'s local algebra reads one local lr" if _one_lr(algorithm.local) else
+           f"`loop.local_lr_schedule: {loop.local_lr_schedule}` sets one lr for every parameter"
+           if loop.local_lr_schedule != "constant" else None)
+    if why is not None:
+        raise ConfigError(f"{name}.configure_optimizers(): param group {i} ({what}) differs from group 0 ({first}); "
+                          f"{why}, so it cannot honour the group. Use a rule that steps the module's optimizer "
+                          "(fedavg, fedavgm, fedadam, fedsam ...), or give every group the same lr and weight decay")
+
+
+def _one_lr(part: Any, depth: int = 0) -> bool:
+    """A client rule whose algebra (or one of its parts) reads the one local lr (``Σ_k η_k``: SCAFFOLD's
+    correction) or sets it (FedSWA)."""
+    if isinstance(part, InRoundLR) or hasattr(part, "lr_sum"):
+        return True
+    parts = part if isinstance(part, (list, tuple)) else list(vars(part).values()) if hasattr(part, "__dict__") else []
+    return depth < 3 and any(_one_lr(p, depth + 1) for p in parts if not isinstance(p, (int, float, str, bool)))
+
+
+def _groups_said(factory: ModuleOptimizers) -> str:
+    differing = factory.differing()
+    if not differing:
+        return ""
+    return "; param groups honoured: " + ", ".join(
+        f"group {i} " + ", ".join(f"{k}={v:g}" for k, v in diff.items()) for i, diff in differing)
 
 
 def _clip(clip: float | None) -> str:
     return (f"gradient clip {clip:g} (`loop.max_grad_norm`)" if clip is not None else
-            f"no gradient clip (fedlight's default `loop.max_grad_norm` {DEFAULT_CLIP:g} is for its own models; set "
-            "another value to clip)")
-
-
-def _own_optimizer(algorithm) -> bool:
-    from fedlight.core.rules import LocalUpdateRule
-
-    return type(algorithm.local).make_optimizer is not LocalUpdateRule.make_optimizer
-
-
-def _notes(name: str, optimizers: list, configs: list, first) -> list[str]:
-    out = []
-    if len(optimizers) > 1:
-        out.append(f"{name}.configure_optimizers() returns {len(optimizers)} optimizers; only the first is used "
-                   "(and only schedulers of the first)")
-    if len(first.param_groups) > 1:
-        out.append(f"{name}.configure_optimizers()'s optimizer has {len(first.param_groups)} param groups; the first "
-                   "group's hyperparameters apply to every parameter")
-    return out
+            "no gradient clip (`loop.max_grad_norm: auto` clips only fedlight's own models; set a number to clip)")
 
 
 def _sgd_note(fabric, algorithm, first, group) -> None:
@@ -133,7 +158,3 @@ def _sgd_note(fabric, algorithm, first, group) -> None:
     note(fabric, f"{type(algorithm).__name__}'s local algebra is written for plain SGD steps; here its direction is "
                  f"stepped by {type(first).__name__} at lr {group['lr']:g} (the module's), and the lr in its algebra "
                  "is that lr. Return torch.optim.SGD from configure_optimizers to run the rule as published")
-
-
-def _init_args(cls) -> set[str]:
-    return set(inspect.signature(cls.__init__).parameters) - {"self", "params"}

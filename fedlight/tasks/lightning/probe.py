@@ -8,23 +8,10 @@ import torch
 from torch import Tensor
 
 from fedlight.errors import ConfigError
-from fedlight.tasks.base import guard
 from fedlight.tasks.lightning.compat import module_name, note, overrides
-from fedlight.tasks.lightning.hooks import call_hook
+from fedlight.tasks.lightning.errors import guard_user as guard
+from fedlight.tasks.lightning.hooks import call_hook, frozen
 from fedlight.tasks.lightning.logs import capture_logs
-
-
-class _NoStep:
-    """``self.optimizers()`` during the probe: steps nothing."""
-
-    def __init__(self, optimizers: list) -> None:
-        self.param_groups = [dict(g) for g in optimizers[0].param_groups] if optimizers else [{}]
-
-    def step(self, closure=None):
-        return None
-
-    def zero_grad(self, set_to_none=True):
-        return None
 
 
 def probe(task: Any, model, train_batch, test_batch, fabric=None) -> None:
@@ -42,20 +29,24 @@ def probe(task: Any, model, train_batch, test_batch, fabric=None) -> None:
                           f"{tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__}")
     step = next((s for s in ("test_step", "validation_step") if overrides(model, s)), None)
     task.by_loss = step is None
-    logged = guard(f"the LightningModule's {step or 'training_step on a test batch'}",
-                   lambda: task.evaluate(model, [test_batch], fabric))
+    logged = guard(f"{name}.{step or 'training_step on a test batch'}",
+                   lambda: task.evaluate(model, [test_batch], fabric), test_batch)
     if not logged and step is not None:
         task.by_loss = True
-        logged = guard("the LightningModule's training_step on a test batch",
-                       lambda: task.evaluate(model, [test_batch], fabric))
+        logged = guard(f"{name}.training_step on a test batch", lambda: task.evaluate(model, [test_batch], fabric),
+                       test_batch)
     if task.by_loss:
         why = f"{name}.{step} logs nothing" if step else f"{name} defines neither test_step nor validation_step"
-        note(fabric, f"{why}: the global model is evaluated by training_step's loss on the test set (`test_loss`); "
-                     "log a metric with `self.log(\"test_acc\", acc)` in a test_step to report your own")
+        by = ("training_step's loss on the test set (`test_loss`)" if "test_loss" in logged else
+              f"what training_step logs on the test set ({', '.join(f'`{k}`' for k in logged)}; it returns no loss, "
+              "and its optimizers step nothing there)")
+        note(fabric, f"{why}: the global model is evaluated by {by}; log a metric with "
+                     "`self.log(\"test_acc\", acc)` in a test_step to report your own")
     task.names = tuple(k[len("test_"):] for k in logged)
     if task.headline not in task.names:
         raise ConfigError(f"`task.headline` {task.headline!r} is not logged by {name}'s test_step (it logs "
                           f"{', '.join(task.names)})")
+    _reset_metrics(model)
     if task.trainer is not None:
         task.trainer.at(0, 0, "training")
         call_hook(model, "on_fit_start")
@@ -65,19 +56,19 @@ def probe(task: Any, model, train_batch, test_batch, fabric=None) -> None:
 def _probe_loss(task: Any, model, batch, fabric) -> Any:
     was = model.training
     model.eval()
-    saved = {k: model.__dict__.get(k) for k in ("optimizers", "manual_backward")}
     optimizers = task.trainer.optimizers if task.trainer is not None else []
-    model.__dict__["optimizers"] = lambda use_pl_optimizer=True: _NoStep(optimizers)
-    if task.manual:
-        model.__dict__["manual_backward"] = lambda loss, *a, **kw: None
     try:
-        with torch.no_grad(), capture_logs(model):
-            return guard("the LightningModule's training_step", lambda: task._probe_loss(model, batch, fabric),
+        with torch.no_grad(), capture_logs(model), frozen(model, optimizers):
+            return guard(f"{module_name(model)}.training_step", lambda: task._probe_loss(model, batch, fabric),
                          batch)
     finally:
         model.train(was)
-        for k, v in saved.items():
-            if v is None:
-                model.__dict__.pop(k, None)
-            else:
-                model.__dict__[k] = v
+
+
+def _reset_metrics(model) -> None:
+    """The module's torchmetrics objects as before the probe (its batches are not training data)."""
+    from torchmetrics import Metric
+
+    for m in model.modules():
+        if isinstance(m, Metric):
+            m.reset()

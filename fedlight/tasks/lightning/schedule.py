@@ -59,13 +59,14 @@ def _config(s: Any, name: str) -> dict[str, Any]:
 
 
 class Schedule:
-    """The lr of optimizer ``optimizer``'s first param group along a client's steps (see the module docstring)."""
+    """The lr of every param group of ``optimizers`` along a client's steps (see the module docstring)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, configs: list[dict[str, Any]]) -> None:
-        self.optimizer, self.configs = optimizer, [c for c in configs if _optimizer_of(c) is optimizer]
-        self.start = [c["scheduler"].state_dict() for c in self.configs], [
-            g["lr"] for g in optimizer.param_groups]
-        self.tables: dict[int, list[float]] = {}
+    def __init__(self, optimizers: list[torch.optim.Optimizer], configs: list[dict[str, Any]]) -> None:
+        ids = {id(o) for o in optimizers}
+        self.configs = [c for c in configs if id(_optimizer_of(c)) in ids]
+        self.groups = [g for o in optimizers for g in o.param_groups]
+        self.start = [c["scheduler"].state_dict() for c in self.configs], [g["lr"] for g in self.groups]
+        self.tables: dict[int, list[tuple[float, ...]]] = {}
         self._replaying: int | None = None  # the K whose table the schedulers' current state continues
 
     def __bool__(self) -> bool:
@@ -75,26 +76,30 @@ class Schedule:
         return " + ".join(f"{type(c['scheduler']).__name__} per {c['interval']}"
                           f"{'' if c['frequency'] == 1 else ' every ' + str(c['frequency'])}" for c in self.configs)
 
-    def lr(self, round: int, step: int, steps: int) -> float:
-        """The lr at local step ``step`` of round ``round`` for a client taking ``steps`` steps per round."""
+    def lrs(self, round: int, step: int, steps: int) -> tuple[float, ...]:
+        """The lr of every group at local step ``step`` of round ``round`` for a client taking ``steps`` steps."""
         table = self.tables.setdefault(steps, [])
         if len(table) <= round * steps + step:
             self._replay(table, steps, (round + 1) * steps)
         return table[round * steps + step]
 
-    def _replay(self, table: list[float], steps: int, until: int) -> None:
+    def lr(self, round: int, step: int, steps: int) -> float:
+        """The first group's lr (what the run reports as its lr)."""
+        return self.lrs(round, step, steps)[0]
+
+    def _replay(self, table: list[tuple[float, ...]], steps: int, until: int) -> None:
         if self._replaying != steps:  # start over from the schedulers' initial state
             states, lrs = self.start
             for c, st in zip(self.configs, states):
                 c["scheduler"].load_state_dict(st)
-            for g, lr in zip(self.optimizer.param_groups, lrs):
+            for g, lr in zip(self.groups, lrs):
                 g["lr"] = lr
             table.clear()
             self._replaying = steps
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": nothing trains here
             for t in range(len(table), until):
-                table.append(float(self.optimizer.param_groups[0]["lr"]))
+                table.append(tuple(float(g["lr"]) for g in self.groups))
                 self._after_step(t, steps)
 
     def _after_step(self, t: int, steps: int) -> None:

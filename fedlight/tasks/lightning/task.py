@@ -23,10 +23,10 @@ from torch import Tensor, nn
 
 from fedlight.core.params import in_stacked
 from fedlight.errors import ConfigError
-from fedlight.tasks.base import Task, higher_is_better, precision_forward
-from fedlight.tasks.lightning.compat import is_lightning_module, module_name, overrides
-from fedlight.tasks.lightning.hooks import ClientHooks, call_hook
-from fedlight.tasks.lightning.logs import _batch_size, _mean_metric, _reduce, capture_logs
+from fedlight.tasks.base import LocalOptimization, Task, higher_is_better, precision_forward
+from fedlight.tasks.lightning.compat import is_lightning_module, module_name, overrides, takes_index
+from fedlight.tasks.lightning.hooks import ClientHooks, call_hook, frozen, set_lrs
+from fedlight.tasks.lightning.logs import ClientLogs, aggregator, batch_size, capture_logs, eval_reduce
 from fedlight.tasks.lightning.trainer import FedTrainer, attach
 
 PREFIXES = ("test_", "val_", "test/", "val/", "valid_", "validation_")
@@ -50,13 +50,14 @@ class LightningTask(Task):
         self._headline, self._higher = headline, higher_is_better
         self.names: tuple[str, ...] | None = None  # learned by the probe (what test_step logs)
         self._objects: dict[str, Any] = {}  # logged torchmetrics objects, by logged name
-        self._values: set[str] = set()  # names logged as plain values
+        self._values: dict[str, str] = {}  # names logged as plain values -> their reduce_fx
         self.trainer: FedTrainer | None = None  # attached by local_optimization
         self.module: Any = None
         self.schedule: Any = None  # the module's lr schedulers (lightning_schedule.Schedule), when it has any
         self.manual = False  # automatic_optimization = False
         self.by_loss = False  # evaluated by training_step's loss (no test_step/validation_step logging anything)
         self.round, self.steps = 0, 1
+        self.optimization: LocalOptimization | None = None  # what local_optimization returned
 
     # ----------------------------------------------------------------------------------------- headline
     @property
@@ -75,12 +76,28 @@ class LightningTask(Task):
         return tuple(f"test_{n}" for n in (self.names or ()))
 
     # ----------------------------------------------------------------------------------------- the run
-    def local_optimization(self, fabric, model, algorithm, loop, data=None):
-        """The module prepared (trainer attached, ``configure_model``), and the local optimization it brings:
-        ``(loop, optimizer factory or None, algorithm)`` (see :mod:`.lightning_optim`)."""
+    def local_optimization(self, fabric, model, algorithm, loop, data=None) -> LocalOptimization:
+        """The module prepared (trainer attached, ``configure_model``), and the local optimization it brings
+        (see :mod:`.optim`)."""
         from fedlight.tasks.lightning.optim import local_optimization
 
-        return local_optimization(self, fabric, model, algorithm, loop, data)
+        self.optimization = local_optimization(self, fabric, model, algorithm, loop, data)
+        return self.optimization
+
+    @property
+    def effective(self) -> str | None:
+        return self.optimization.effective if self.optimization is not None else None
+
+    @property
+    def hint(self) -> str | None:
+        return self.optimization.hint if self.optimization is not None else None
+
+    def round_lrs(self, info: Any) -> tuple[float, float] | None:
+        """The first group's lr at the round's first and last local step, by the module's schedule."""
+        if not self.schedule:
+            return None
+        steps = max(1, round(info.num_steps))
+        return self.schedule.lr(info.round, 0, steps), self.schedule.lr(info.round, steps - 1, steps)
 
     def begin_round(self, info: Any) -> None:
         self.round, self.steps = info.round, max(1, round(info.num_steps))
@@ -94,7 +111,8 @@ class LightningTask(Task):
 
     # ----------------------------------------------------------------------------------------- training
     def objective(self, model: nn.Module, batch: Any, batch_idx: int = 0) -> Tensor | None:
-        out = model.training_step(batch, batch_idx)
+        step = model.training_step
+        out = step(batch, batch_idx) if takes_index(step) else step(batch)
         loss = out.get("loss") if isinstance(out, dict) else out
         if loss is None and (out is None or self.manual):
             return None
@@ -108,7 +126,7 @@ class LightningTask(Task):
         client's step ``r·K + k`` and the trainer's ``global_step`` / ``current_epoch`` set; its ``self.log``
         values (outside a stacked step, where they are per-client slices that cannot leave vmap) become
         ``train/<name>`` metrics. ``None`` from ``training_step`` skips the step."""
-        sums = ctx.scratch.setdefault("lightning_logs", {})
+        sums = ctx.scratch.setdefault("lightning_logs", ClientLogs())
         trainer, K = self.trainer, ctx.num_steps
         if trainer is not None:
             trainer.at(ctx.round, ctx.round * K)
@@ -117,7 +135,7 @@ class LightningTask(Task):
         def objective(model, batch):
             module, k = getattr(model, "_fedlight_module", model), ctx.step_index
             if self.schedule:
-                ctx.set_lr(self.schedule.lr(ctx.round, k, K))
+                set_lrs(ctx.optimizer, self.schedule.lrs(ctx.round, k, K))
             if hooks is not None:
                 trainer.global_step = ctx.round * K + k
                 hooks.before_step(batch, k)
@@ -131,8 +149,9 @@ class LightningTask(Task):
             if hooks is not None:
                 logs.update(hooks.logs)
                 hooks.logs.clear()
-            if logs and not in_stacked():
-                self._train_logs(logs, sums, ctx)
+            if logs and not in_stacked() and ctx.scratch.get("lightning_logged") != k:  # a rule evaluating
+                ctx.scratch["lightning_logged"] = k  # the step twice (SAM) logs it once, at the first evaluation
+                self._train_logs(logs, sums, ctx, batch)
             return loss
 
         return objective
@@ -143,14 +162,14 @@ class LightningTask(Task):
             hooks.skip = True
         return sum((p * 0).sum() for p in ctx.params.values())
 
-    def _train_logs(self, logs: dict, sums: dict, ctx: Any) -> None:
-        for name, (value, _) in logs.items():
-            if isinstance(value, (Tensor, int, float)) and torch.as_tensor(value).numel() == 1:
-                s, n = sums.get(name, (0.0, 0))
-                sums[name] = (s + torch.as_tensor(value).detach().double(), n + 1)
-                ctx.metrics[f"train/{_strip(name)}"] = sums[name][0] / sums[name][1]
-                if self.trainer is not None:
-                    self.trainer.callback_metrics[name] = torch.as_tensor(value).detach()
+    def _train_logs(self, logs: dict, sums: ClientLogs, ctx: Any, batch: Any = None, final: bool = False) -> None:
+        """Add a hook's logs to the client's (:class:`.logs.ClientLogs`); its values so far become
+        ``train/<name>`` (averaged over clients by the loop)."""
+        latest = sums.add(logs, batch)
+        for name, value in sums.values(final).items():
+            ctx.metrics[f"train/{_strip(name)}"] = value
+        if self.trainer is not None:
+            self.trainer.callback_metrics.update(latest)
 
     # ----------------------------------------------------------------------------------------- evaluation
     @torch.no_grad()
@@ -169,19 +188,19 @@ class LightningTask(Task):
             if hooked:
                 call_hook(model, f"on_{stage}_epoch_start", sink=epoch_logs)
             for i, batch in enumerate(batches):
-                with capture_logs(model) as logs:
+                with capture_logs(model, step=False) as logs:
                     forward(_Step(step), batch, i)
-                _reduce(logs, batch, sums, objects)
+                eval_reduce(logs, batch, sums, objects, self._values)
             if hooked:
                 call_hook(model, f"on_{stage}_epoch_end", sink=epoch_logs)
-                _reduce({k: (v, 1) for k, (v, _) in epoch_logs.items()}, None, sums, objects)
+                eval_reduce(epoch_logs, None, sums, objects, self._values)
         finally:
             model.train(was)
         return self._computed(model, sums, objects)
 
     def _computed(self, model, sums: dict, objects: dict) -> dict[str, float]:
-        for name in self._values:  # a rank without test batches still takes part in the reduction
-            sums.setdefault(name, _mean_metric(next(model.parameters()).device))
+        for name, reduce in self._values.items():  # a rank without test batches still takes part in the reduction
+            sums.setdefault(name, aggregator(reduce, next(model.parameters()).device))
         # every rank computes (and so syncs) the metrics in the same order, whatever order it logged them in
         values = {k: float(sums[k].compute()) for k in sorted(sums)}
         for k in sorted(objects):
@@ -189,7 +208,6 @@ class LightningTask(Task):
             objects[k].reset()
         out = {f"test_{_strip(k)}": values[k] for k in [*sums, *objects]}
         self._objects.update(objects)
-        self._values.update(k for k in sums if k not in objects)
         if self.trainer is not None:
             self.trainer.callback_metrics.update({k: torch.tensor(v) for k, v in out.items()})
         return out
@@ -199,15 +217,21 @@ class LightningTask(Task):
         ``test_loss`` when the module has neither or its step logs nothing."""
         for name, stage in (("test_step", "test"), ("validation_step", "validation")):
             if not self.by_loss and overrides(model, name):
-                return getattr(model, name), stage
+                fn = getattr(model, name)
+                return (fn if takes_index(fn) else lambda batch, i: fn(batch)), stage
         module = getattr(model, "_fedlight_module", model)
 
         def by_loss(batch, i):
-            outer = module.log  # the evaluation's capture; training_step's own logs are not test metrics
-            with capture_logs(module):
+            # the evaluation's capture; training_step's own logs are test metrics only when it returns nothing (a
+            # GAN's manual step), which then steps nothing
+            outer, optimizers = module.log, self.trainer.optimizers if self.trainer else []
+            with capture_logs(module) as logs, frozen(module, optimizers):
                 loss = self.objective(model, batch, i)
             if loss is not None:
-                outer("test_loss", loss, batch_size=_batch_size(batch))
+                outer("test_loss", loss, batch_size=batch_size(batch))
+            else:
+                for name, e in logs.items():
+                    outer(name, e.value, batch_size=e.batch_size, reduce_fx=e.reduce)
 
         return by_loss, "test"
 
