@@ -112,7 +112,7 @@ def fit(
         task: what the model is trained and evaluated for (:mod:`fedlight.tasks`: ``Classification``,
             ``Regression``, ``TextClassification``, ``LanguageModeling``); default: a LightningModule's own,
             else the data module's (classification for fedlight's datasets).
-        loggers: tensorboard, mlflow, wandb, csv, a Lightning logger spec or a list (docs/trackers.md).
+        loggers: see docs/trackers.md.
 
     Returns:
         The summary (also written to ``out_dir/summary.json``).
