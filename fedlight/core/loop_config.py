@@ -133,10 +133,10 @@ class LoopConfig:
     client_dropout: float = 0.0
     """Probability that a sampled client fails to report (seeded by (seed, round, client)); its state is untouched."""
     client_parallelism: Literal["auto", "sequential", "vmap", "streams"] = "auto"
-    """How each process runs its clients (the log says which ran and why; docs/speed.md). auto: the fastest exact
-    route measured on the device (CUDA: vmap with CUDA graphs) that the rule and model allow, else sequential. sequential: one after another on one model. vmap: stacked along a client dimension (torch.func;
-    memory grows with the chunk). streams: a model copy per client of a chunk, steps interleaved on CUDA streams,
-    with CUDA graphs only (every rule and model, dropout included; exact)."""
+    """How each process runs its clients (docs/speed.md; the log says which ran and why). auto: the fastest exact
+    route measured on the device (CUDA: vmap with CUDA graphs) that the rule and model allow, else sequential.
+    sequential: one after another. vmap: stacked along a client dimension (torch.func; memory grows with the
+    chunk). streams: a model copy per client, steps interleaved on CUDA streams with CUDA graphs (exact)."""
     vmap_chunk: int | str | None = None  # str, not Literal["auto"]: a wrong value gets the check's message
     """Stacked runner only: at most this many clients trained together (bounds memory); null: all of a group; auto:
     as many as fit in the free memory by the model's measured per-client footprint. A chunk that runs out of memory
