@@ -28,7 +28,7 @@ from fedlight.data import FederatedDataModule, as_federated
 from fedlight.data.augment import adopt_preprocessing
 from fedlight.engine.driver import FitDriver
 from fedlight.errors import ConfigError, check
-from fedlight.run import stops
+from fedlight.run import stops, trackers
 from fedlight.run.directory import settings_hash, split_settings
 from fedlight.run.faults import fault
 from fedlight.run.record import RunRecord
@@ -62,6 +62,8 @@ class Plan:
     ckpt: dict[str, Any] | None = None
     clear: bool = False
     """Clear ``out`` before the first write (``--overwrite``, or a failed start's directory)."""
+    trackers: tuple[bool, list[dict[str, Any]]] = (True, [])
+    """``loggers`` parsed: TensorBoard on, the other trackers (:func:`fedlight.run.trackers.parse`)."""
 
 
 def fit(
@@ -78,6 +80,7 @@ def fit(
     resume: str | None = None,
     overwrite: bool = False,
     task: Task | None = None,
+    loggers: list | dict | str | None = "tensorboard",
     _config_text: str | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` federatedly with ``algorithm`` on ``data`` and write the run record to ``out_dir``.
@@ -109,6 +112,7 @@ def fit(
         task: what the model is trained and evaluated for (:mod:`fedlight.tasks`: ``Classification``,
             ``Regression``, ``TextClassification``, ``LanguageModeling``); default: a LightningModule's own,
             else the data module's (classification for fedlight's datasets).
+        loggers: see docs/trackers.md.
 
     Returns:
         The summary (also written to ``out_dir/summary.json``).
@@ -121,6 +125,7 @@ def fit(
     """
     plan = _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, _config_text,
                  (devices, num_nodes))
+    plan.trackers = trackers.parse(loggers)  # a bad entry or a missing package: exit 2 here
     plan.ckpt_path, plan.ckpt, plan.clear = resumes.start(plan.out, resume, overwrite, plan.defining)
     fabric = launch.fabric(plan.accelerator, devices, num_nodes, plan.precision)
     record = _record(fabric, plan)
@@ -165,10 +170,21 @@ def _train(driver: FitDriver, record: RunRecord, plan: Plan) -> dict[str, Any]:
     text = plan.text + (f"# fedlight: local optimization used: {effective}\n" if effective else "")
     with stops.disk_guard(record):
         fresh = plan.ckpt is None or resumes.config_damaged(plan.out, plan.ckpt)  # a damaged one is rewritten
-        record.open(text, plan.data, overwrite=bool(plan.clear) and plan.ckpt is None, fresh=fresh)
+        record.open(text, plan.data, overwrite=bool(plan.clear) and plan.ckpt is None, fresh=fresh,
+                    tensorboard=plan.trackers[0])
+        launch.agree(driver.loop.fabric, lambda: _start_trackers(record, driver, plan, text))  # before round 1
         with stops.stop_signals():
             driver.fit()
             return driver.finish()
+
+
+def _start_trackers(record: RunRecord, driver: FitDriver, plan: Plan, text: str) -> None:
+    """Reach the trackers asked for (global rank 0): an unreachable one refuses the run before round 1."""
+    if not plan.trackers[1] or not record.rank0:
+        return
+    tags = trackers.run_tags(driver.algorithm, plan.model, plan.data, plan.seed, plan.out)
+    record.trackers = trackers.Trackers(plan.trackers[1], plan.out, tags, text, resumed=plan.ckpt is not None)
+    record.trackers.start()
 
 
 def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, text, world) -> Plan:

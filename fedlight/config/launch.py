@@ -20,7 +20,32 @@ def fabric(accelerator: str, devices: int, num_nodes: int, precision: str):
         raise ConfigError(f"`accelerator`/`devices`/`precision` ({accelerator}, {devices}, {precision}): "
                           f"{str(e).splitlines()[0]}") from None
     fabric.launch()
+    bound_gpu_memory(fabric.device)
     return fabric
+
+
+def bound_gpu_memory(device, env=None) -> float | None:
+    """Cap this process's GPU memory at ``FEDLIGHT_GPU_MEMORY_FRACTION`` of the card (set by ``fedlight reproduce
+    --per-gpu``, several runs sharing one GPU), saying so; a run that needs more then stops with CUDA's out of memory,
+    which the launcher names with its fix. The fraction applied, or None."""
+    import os
+
+    text = (os.environ if env is None else env).get("FEDLIGHT_GPU_MEMORY_FRACTION")
+    if not text or getattr(device, "type", None) != "cuda":
+        return None
+    try:
+        frac = float(text)
+    except ValueError:
+        frac = -1.0
+    if not 0 < frac <= 1:
+        raise ConfigError(f"FEDLIGHT_GPU_MEMORY_FRACTION must be a number in (0, 1], got {text!r}; unset it or fix it")
+    import torch
+
+    torch.cuda.set_per_process_memory_fraction(frac, device)
+    gib = frac * torch.cuda.get_device_properties(device).total_memory / 2**30
+    print(f"fedlight: GPU memory of this run bounded to {gib:.1f} GiB ({frac:g} of {device}; FEDLIGHT_GPU_MEMORY_"
+          "FRACTION, runs sharing the GPU)", flush=True)
+    return frac
 
 
 def agree(fabric, step) -> None:

@@ -110,8 +110,7 @@ class LoopConfig:
     optimizer_args: dict = field(default_factory=dict)
     """The optimizer's other init arguments (checked against its signature), e.g. {betas: [0.9, 0.99]}."""
     max_grad_norm: float | str | None = "auto"  # str, not Literal["auto"]: a wrong value gets the check's message
-    """Joint L2 clip of the local step direction; null disables; auto: 10 for fedlight's own models, none for a
-    LightningModule (its author's code decides); a number clips every model."""
+    """Joint L2 clip of the local step; null: none; auto: 10, none for a LightningModule."""
     weighting: Literal["samples", "uniform"] = "samples"
     """Aggregation weights: w_i ∝ n_i or 1/S."""
     aggregate_buffers: bool = True
@@ -134,11 +133,10 @@ class LoopConfig:
     client_dropout: float = 0.0
     """Probability that a sampled client fails to report (seeded by (seed, round, client)); its state is untouched."""
     client_parallelism: Literal["auto", "sequential", "vmap", "streams"] = "auto"
-    """How each process runs its clients (the log says which ran and why; docs/speed.md). auto: the fastest exact
-    route measured on the device (CUDA: vmap compiled with CUDA graphs when the rule and model allow it), else
-    sequential. sequential: one after another on one model. vmap: stacked along a client dimension (torch.func;
-    memory grows with the chunk). streams: a model copy per client of a chunk, steps interleaved on CUDA streams,
-    with CUDA graphs only (every rule and model, dropout included; exact)."""
+    """How each process runs its clients (docs/speed.md; the log says which ran and why). auto: the fastest exact
+    route measured on the device (CUDA: vmap with CUDA graphs) that the rule and model allow, else sequential.
+    sequential: one after another. vmap: stacked along a client dimension (torch.func; memory grows with the
+    chunk). streams: a model copy per client, steps interleaved on CUDA streams with CUDA graphs (exact)."""
     vmap_chunk: int | str | None = None  # str, not Literal["auto"]: a wrong value gets the check's message
     """Stacked runner only: at most this many clients trained together (bounds memory); null: all of a group; auto:
     as many as fit in the free memory by the model's measured per-client footprint. A chunk that runs out of memory
@@ -149,9 +147,7 @@ class LoopConfig:
     channels-last end to end."""
     compile: bool | str | None = None
     """torch.compile the client computation. true: inductor; a mode ("reduce-overhead": CUDA graphs) or a backend
-    ("aot_eager"); false: never; null: as the route auto picks runs (CUDA: reduce-overhead), and reduce-overhead
-    with streams on CUDA. Failing CUDA graphs fall back to compiled without them, a failing compile to eager
-    stacked, then sequential, each saying why."""
+    ("aot_eager"); false: never; null: as auto's route runs. Failures fall back, each saying why (docs/speed.md)."""
     progress: bool = True
     """Show a progress bar (only when stderr is a terminal)."""
 

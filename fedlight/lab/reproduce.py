@@ -16,7 +16,7 @@ A *table spec* (``recipes/tables/*.yaml``) names a base recipe, a grid of overri
     notes: how this setup differs from the paper's
 
 Overrides are ``fedlight fit`` flags without the dashes (``loop.rounds: 2`` → ``--loop.rounds 2``). A column
-may also carry ``metric:``; columns without overrides share one set of runs (e.g. rounds to 70 % and to 72 %).
+may also carry ``metric:``; columns that differ only in it share one set of runs (e.g. rounds to 70 % and to 72 %).
 Cell ``row/col`` runs, for seed k, as the subprocess ``python -m fedlight.config.cli fit --config BASE <overrides>
 --seed k --out_dir OUT/<row>/<col>/seed<k> --resume auto``: ``--jobs`` is process parallelism, finished runs
 are skipped, interrupted ones resume, and ``reproduce.json`` keeps another command from reusing a run folder.
@@ -49,6 +49,7 @@ from typing import Any
 
 from fedlight.config.cli import recipes_dir
 from fedlight.errors import ConfigError, check
+from fedlight.lab import gpu_share
 from fedlight.lab import report as rep
 from fedlight.lab.jobs import Children
 
@@ -160,17 +161,18 @@ def base_path(spec: dict[str, Any]) -> Path:
 
 
 def cells(spec: dict[str, Any]) -> list[Cell]:
-    """The grid, column by column. Runs live in OUT/<row>/<column>/seed<k>; columns without overrides of their
-    own (e.g. rounds to 70 % and to 72 %) share the runs of the first such column."""
+    """The grid, column by column. Runs live in OUT/<row>/<column>/seed<k>; columns that differ only in their
+    ``metric`` (e.g. accuracy after 1000 rounds and rounds to 78 % of the same runs) share the runs of the first
+    such column."""
     cols = {c: dict(v or {}) for c, v in spec["columns"].items()}
-    shared = next((c for c, v in cols.items() if not set(v) - {"metric"}), None)
-    out = []
+    out, first = [], {}
     for col, cov in cols.items():
         metric = cov.pop("metric", spec["metric"])
         for row, rov in spec["rows"].items():
             extra = (spec.get("cell_overrides") or {}).get(f"{row}/{col}") or {}
             ov = {**(spec.get("overrides") or {}), **cov, **(rov or {}), **extra}
-            out.append(Cell(row, col, metric, ov, f"{row}/{col if cov or extra else shared}"))
+            owner = first.setdefault((row, json.dumps([cov, extra], sort_keys=True, default=str)), col)
+            out.append(Cell(row, col, metric, ov, f"{row}/{owner}"))
     return out
 
 
@@ -253,7 +255,7 @@ IDENTITY = ("base", "flags")
 
 EXECUTION_FLAGS = ("--loop.client_parallelism", "--loop.vmap_chunk", "--loop.channels_last", "--loop.compile",
                    "--loop.state_budget_mb", "--loop.state_device", "--loop.save_every", "--loop.progress",
-                   "--devices", "--num_nodes", "--accelerator")
+                   "--devices", "--num_nodes", "--accelerator", "--loggers")
 """``fedlight fit`` flags that change how a run executes, not what it computes (up to floating-point order)."""
 
 
@@ -287,7 +289,7 @@ class Run:
 
 
 def plan(spec, cs: list[Cell], seeds: list[int], out: Path, shrink: str | None,
-         execution: list[str] | None = None) -> list[Run]:
+         execution: list[str] | None = None, table: str | None = None) -> list[Run]:
     runs = []
     for c in cs:
         fl = flags({**c.overrides, **shrink_overrides(shrink, spec, c)})
@@ -296,7 +298,8 @@ def plan(spec, cs: list[Cell], seeds: list[int], out: Path, shrink: str | None,
             argv = ["fit", "--config", str(base_path(spec)), *fl, "--seed", str(k), "--out_dir", str(path),
                     "--resume", "auto", *(execution or [])]
             runs.append(Run(c, k, path, argv, {"base": spec["base"], "flags": [*fl, "--seed", str(k)],
-                                               "execution": list(execution or [])}))
+                                               "execution": list(execution or []),  # cell: tags of its trackers
+                                               "cell": {"table": table, "row": c.row, "column": c.col, "seed": k}}))
     return runs
 
 
@@ -348,6 +351,25 @@ def run_env(jobs: int) -> dict[str, str]:
     return env
 
 
+def run_local(runs: list[Run], jobs: int, per_gpu: str | None) -> dict[str, int]:
+    """The local pool: ``jobs`` processes, or ``--per-gpu N|auto`` runs sharing each visible GPU (threads split,
+    caches shared, memory bounded: :mod:`fedlight.lab.gpu_share`); says how many share a GPU and why."""
+    want = gpu_share.parse_per_gpu(per_gpu)
+    if want is None:
+        return run_all(runs, jobs)
+    import torch
+
+    ngpu = torch.cuda.device_count()
+    gpu_slots(1, ngpu)  # refuses a machine without a GPU
+    left = len({r.path for r in runs if r.valid() and not rep.finished(r.path)})
+    gib = min(torch.cuda.get_device_properties(g).total_memory for g in range(ngpu)) / 2**30 if want == "auto" else 0
+    n, why = gpu_share.choose(want, left, max(1, gpu_share.cpu_cores() // ngpu), gib)
+    env, shared = gpu_share.share_env(run_env(n * ngpu), n)
+    print(f"fedlight reproduce: {n} run(s) at a time on each of {ngpu} GPU(s) ({why}); {shared}; the first run "
+          "starts alone and the others once it has finished a round, so that only it compiles and decodes", flush=True)
+    return run_all(runs, jobs, gpu_slots(n, ngpu), env=env, stagger=n * ngpu > 1)
+
+
 def gpu_slots(per_gpu: int | None, num_gpus: int) -> list[str] | None:
     """``--per-gpu N`` with the local launcher: N slots per visible GPU (``CUDA_VISIBLE_DEVICES`` of each run)."""
     if not per_gpu:
@@ -357,21 +379,29 @@ def gpu_slots(per_gpu: int | None, num_gpus: int) -> list[str] | None:
     return [str(g) for g in range(num_gpus) for _ in range(per_gpu)]
 
 
-def run_all(runs: list[Run], jobs: int, slots: list[str] | None = None) -> dict[str, int]:
-    """Run each distinct run folder once, ``jobs`` processes at a time (one per GPU slot with ``slots``); print one
-    line per run."""
+def run_all(runs: list[Run], jobs: int, slots: list[str] | None = None, env: dict[str, str] | None = None,
+            stagger: bool = False) -> dict[str, int]:
+    """Run each distinct run folder once, ``jobs`` processes at a time (one per GPU slot with ``slots``), seed 0 of
+    every cell first; print one line per run, then the table's throughput (rounds per second of all runs).
+    ``stagger``: the first run to do starts alone, the others once it has finished a round (shared caches)."""
     import queue
 
-    todo = list({r.path: r for r in runs}.values())  # columns without overrides share their row's runs
+    # Columns that differ only in their metric share runs; seed 0 of every cell first (a whole table soonest).
+    todo = sorted({r.path: r for r in runs}.values(), key=lambda r: r.seed)
     jobs = len(slots) if slots else jobs
-    env = run_env(jobs)
+    env = env or run_env(jobs)
     free: queue.Queue = queue.Queue()
     for slot in slots or []:
         free.put(slot)
     lock, counts, t0, children = threading.Lock(), {}, time.time(), Children()
+    before = {r.path: gpu_share.rounds_in(r.path) for r in todo}
+    lead = next((r for r in todo if r.valid() and not rep.finished(r.path)), None) if stagger else None
+    first = gpu_share.FirstRun(lead.path) if lead else None
 
     def go(run: Run) -> None:
         t = time.time()
+        if first is not None and run is not lead:
+            first.wait(lambda: bool(children.signal))
         slot = free.get() if slots else None
         try:
             if children.signal:  # stopping: start nothing new
@@ -382,17 +412,24 @@ def run_all(runs: list[Run], jobs: int, slots: list[str] | None = None) -> dict[
         finally:
             if slot is not None:
                 free.put(slot)
+            if run is lead:
+                first.ended = True
         with lock:
             counts[status] = counts.get(status, 0) + 1
             hint = {"failed": f" — see {run.path / 'fit.log'}", "conflict": f" — {run.path} was made by another "
                     "command (reproduce.json); delete it or pass another --out",
                     "stopped": " — by a signal, after a round; the same command resumes it"}.get(status, "")
+            if status == "failed":
+                hint += gpu_share.memory_hint(run.path / "fit.log", env.get(gpu_share.FRACTION_ENV))
             print(f"[{sum(counts.values())}/{len(todo)}] {run.cell.run_key} seed{run.seed}: {status} "
                   f"({time.time() - t:.0f} s){hint}", flush=True)
 
     with children.forwarding(), ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(go, todo))
-    print(f"{len(todo)} runs in {time.time() - t0:.0f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    wall = time.time() - t0
+    rounds = sum(max(0, gpu_share.rounds_in(r.path) - before[r.path]) for r in todo)
+    print(f"{len(todo)} runs in {wall:.0f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+          + f"; {rounds} rounds, {rounds / max(wall, 1e-9):.2f} rounds/s of the table ({jobs} at a time)", flush=True)
     if children.signal:
         counts["signal"] = children.signal
     return counts
@@ -471,7 +508,7 @@ def cmd_reproduce(argv: list[str]) -> int:
     pats = [s.strip() for s in a.cells.split(",") if s.strip()]
     todo = [c for c in every if any(fnmatch.fnmatchcase(c.name, pt) for pt in pats)]
     check(len(todo) > 0, f"`--cells {a.cells}` matches none of: {', '.join(c.name for c in every)}")
-    runs = plan(spec, every, seeds, out, a.shrink, execution_args(a.fit_args))
+    runs = plan(spec, every, seeds, out, a.shrink, execution_args(a.fit_args), table=spec_path.stem)
     chosen = [r for r in runs if any(r.cell is c for c in todo)]
     if a.dry_run:
         print("\n".join(shlex.join(["fedlight", *r.argv]) for r in {r.path: r for r in chosen}.values()))
@@ -509,8 +546,10 @@ def _cluster_arguments(p: argparse.ArgumentParser) -> None:
                    "(pip install 'fedlight[slurm]'), requeued with --resume auto on preemption or time-out")
     g.add_argument("--cluster", choices=("slurm", "local"), default="slurm", help="with --launcher slurm: submit "
                    "with sbatch (slurm), or rehearse with submitit's local executor, jobs as processes here (local)")
-    g.add_argument("--per-gpu", type=int, default=None, metavar="N", help="runs side by side per GPU: local "
-                   "launcher: N processes per visible GPU; slurm: N runs per GPU of each job (per job without --gpus)")
+    g.add_argument("--per-gpu", default=None, metavar="N|auto", help="runs side by side per GPU: local launcher: N "
+                   "processes per visible GPU (auto: as many as the runs to do, CPU cores and GPU memory allow; "
+                   "threads split, compile and data caches shared, memory bounded, the choice printed); slurm: N "
+                   "runs per GPU of each job (per job without --gpus)")
     g.add_argument("--partition", help="Slurm partition")
     g.add_argument("--time", help="time limit per job, as sbatch takes it: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM "
                    "or D-HH:MM:SS (default 4:00:00); a job that reaches it is requeued and its runs resume")
@@ -528,6 +567,9 @@ def _cluster_arguments(p: argparse.ArgumentParser) -> None:
 
 def _slurm_flags(a: argparse.Namespace) -> dict[str, Any]:
     flags = {k: getattr(a, k) for k in CLUSTER_FLAGS}
+    check(a.per_gpu != "auto", "`--per-gpu auto` packs runs onto this machine's GPUs (local launcher); give Slurm "
+          "a number, e.g. --per-gpu 8")
+    flags["per_gpu"] = gpu_share.parse_per_gpu(a.per_gpu)
     if a.sbatch:  # KEY=VALUE, or a bare KEY for sbatch's options without a value (--sbatch exclusive)
         pairs = [o.lstrip("-").partition("=") for o in a.sbatch]
         check(all(k for k, _, _ in pairs), f"`--sbatch` takes KEY=VALUE or KEY, got {a.sbatch!r}")
@@ -541,9 +583,7 @@ def launch(a: argparse.Namespace, spec: dict[str, Any], runs: list[Run], out: Pa
         slurm_only = [k for k in CLUSTER_FLAGS if k != "per_gpu" and getattr(a, k) is not None]
         check(a.cluster == "slurm" and not slurm_only and not a.wait,
               "`--cluster`, `--wait` and the Slurm resource flags need `--launcher slurm`")
-        import torch
-
-        return run_all(runs, a.jobs, gpu_slots(a.per_gpu, torch.cuda.device_count() if a.per_gpu else 0))
+        return run_local(runs, a.jobs, a.per_gpu)
     from fedlight.lab import slurm
 
     res = slurm.resources(spec, _slurm_flags(a))

@@ -1,7 +1,8 @@
 """``--overwrite true``: remove what fedlight wrote in a run directory, and only that.
 
 fedlight's files are known by name: ``config.yaml``, ``metrics.jsonl``, ``summary.json``, ``final_model.pt``,
-``checkpoints/{last,prev}.ckpt``, TensorBoard's ``tb/**/events.out.tfevents.*``, the client states
+``trackers.json``, ``checkpoints/{last,prev}.ckpt``, TensorBoard's ``tb/**/events.out.tfevents.*``, the CSV
+tracker's ``csv/**/{metrics.csv,hparams.yaml}``, the W&B tracker's folder ``wandb/``, the client states
 ``client_state/rank<r>/c*-*-*.{bin,tmp}`` and the temporary ``.<name>.*.tmp`` of a killed write beside any of them.
 A folder left empty is removed; any other file stays, and is named.
 """
@@ -11,8 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-TOP = ("config.yaml", "metrics.jsonl", "summary.json", "final_model.pt")
-FOLDERS = ("checkpoints", "tb", "client_state")
+TOP = ("config.yaml", "metrics.jsonl", "summary.json", "final_model.pt", "trackers.json")
+FOLDERS = ("checkpoints", "tb", "client_state", "csv", "wandb")
 
 
 def fedlight_files(out: Path) -> list[Path]:
@@ -22,6 +23,8 @@ def fedlight_files(out: Path) -> list[Path]:
     for name in ("last.ckpt", "prev.ckpt"):
         found += [p for p in (out / "checkpoints" / name, *(out / "checkpoints").glob(f".{name}.*.tmp")) if p.is_file()]
     found += [p for p in (out / "tb").rglob("events.out.tfevents.*") if p.is_file()]
+    found += [p for n in ("metrics.csv", "hparams.yaml") for p in (out / "csv").rglob(n) if p.is_file()]
+    found += [p for p in (out / "wandb").rglob("*") if p.is_file() or p.is_symlink()]  # the tracker's own folder
     for pattern in ("rank*/c*-*-*.bin", "rank*/c*-*-*.tmp"):
         found += [p for p in (out / "client_state").glob(pattern) if p.is_file()]
     return found

@@ -5,7 +5,9 @@ round's first client), ``eval`` (inside evaluation), ``ckpt`` (checkpoint writte
 renamed), ``metrics`` (checkpoint renamed, metrics row not yet appended). Actions: ``kill`` (the default: SIGKILL
 the process there), ``enospc`` (the write fails there as on a full disk), ``pause`` (wait there once, up to 60 s,
 until a stop signal arrives, after creating the file named by ``FEDLIGHT_FAULT_READY``: a signal test then knows
-where the run is).
+where the run is), ``hold`` (wait there once, up to 60 s, until the test removes the file named by
+``FEDLIGHT_FAULT_READY``, which it creates: the test changes the world mid-run, e.g. makes a tracker's store
+read-only, and lets the run go on).
 
 ``write:<file name>:<ERRNO>[:<n>]`` — the ``n``-th write (default the first) to a file of that name (``last.ckpt``,
 ``final_model.pt``, ``summary.json``, ``config.yaml``, ``metrics.jsonl``, ``table.md``, ...) fails with that errno
@@ -40,8 +42,8 @@ def fault(point: str, round: int) -> None:
         drain()
     if action == "enospc":
         raise OSError(errno.ENOSPC, "No space left on device")
-    if action == "pause":
-        _pause()
+    if action in ("pause", "hold"):
+        _pause(until_removed=action == "hold")
         return
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -77,15 +79,16 @@ class FaultyFile:
         return getattr(self.file, name)
 
 
-def _pause() -> None:
+def _pause(until_removed: bool = False) -> None:
     import torch.distributed as dist
 
     from fedlight.run import stops
 
     if os.environ.pop("FEDLIGHT_FAULT", None) is None or (dist.is_initialized() and dist.get_rank() != 0):
         return  # once, and on global rank 0 only (the others wait for it in the round's all-reduce)
-    if os.environ.get("FEDLIGHT_FAULT_READY"):
-        Path(os.environ["FEDLIGHT_FAULT_READY"]).touch()
+    ready = Path(os.environ.get("FEDLIGHT_FAULT_READY") or os.devnull)
+    if ready != Path(os.devnull):
+        ready.touch()
     deadline = time.monotonic() + 60
-    while not stops.requested() and time.monotonic() < deadline:
+    while not stops.requested() and time.monotonic() < deadline and (not until_removed or ready.exists()):
         time.sleep(0.02)

@@ -34,7 +34,8 @@ from fedlight.run.cleanup import clear
 from fedlight.run.console import Progress, RoundWatch
 from fedlight.run.directory import RunLock
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "tb", "final_model.pt", "client_state")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "tb", "final_model.pt", "client_state",
+             "trackers.json", "csv", "wandb")
 
 
 def strict_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -95,6 +96,7 @@ class RunRecord:
         self.lock = RunLock(self.out)
         self.writer = CheckpointWriter() if rank0 else None
         self.logger = None
+        self.trackers = None  # MLflow, W&B, CSV, ... (fedlight.run.trackers.Trackers), fed beside TensorBoard
         self.progress = Progress(rounds, enabled=progress and rank0)
         self.watch = RoundWatch(hint)
         self.hparams: dict[str, Any] | None = None  # for TensorBoard's hparams table
@@ -144,6 +146,8 @@ class RunRecord:
             self.saved_round = start_round
             if last_row is not None and done < start_round:  # killed between checkpoint and metrics append
                 self._append(last_row)
+            if self.trackers is not None:  # the rows a tracker lacks (a resumed run, a tracker added on resume)
+                self.trackers.begin(self.rows)
             if start_round:
                 print(f"fedlight: resumed from round {start_round} ({self.out})", file=sys.stderr, flush=True)
         self.watch.first_loss = next((r["train_loss"] for r in self.rows if r.get("train_loss") is not None), None)
@@ -167,6 +171,8 @@ class RunRecord:
         else:
             self.writer.submit(lambda: self._append(row, keep=False))
         self.writer.submit(lambda: self._log_round(row))  # TensorBoard, in the background after the row's files
+        if self.trackers is not None:  # once the round's checkpoint is renamed; sent on the trackers' own thread
+            self.writer.submit(lambda: self.trackers.log_round(row, durable=checkpoint is not None))
         self.watch.check(row)
         self.progress.update(row)
 
@@ -207,11 +213,15 @@ class RunRecord:
         if final_state is not None:
             with _disk_errors(self.out / "final_model.pt"):
                 atomic.atomic_torch_save(final_state, self.out / "final_model.pt")
+        if self.trackers is not None:
+            summary["trackers"] = self.trackers.report()  # run ids, rounds a failing tracker missed
         with _disk_errors(self.out / "summary.json"):
             atomic.atomic_write_text(self.out / "summary.json", side_files.seal_summary(_strict(summary)))
         if self.logger is not None and self.hparams is not None:
             with _disk_errors(self.out / "tb"):
                 self.logger.log_summary(self.hparams, _strict(summary))
+        if self.trackers is not None:
+            self.trackers.finish(_strict(summary))
 
     def abort(self) -> None:
         """After a failed write: stop the progress display, the checkpoint writer and TensorBoard without letting
@@ -235,6 +245,9 @@ class RunRecord:
                 self.writer.close()
             finally:
                 self.writer = None
+                trackers, self.trackers = self.trackers, None
+                if trackers is not None:  # after the record's jobs, which hand it rows
+                    trackers.close()
                 logger, self.logger = self.logger, None
                 try:
                     if logger is not None:

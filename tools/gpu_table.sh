@@ -1,0 +1,146 @@
+#!/bin/bash
+# One GPU window for a table column: FedNSAM (MM'25) Table 2, LeNet-5 on CIFAR-10 (issue 38): 9 rows x 3 seeds x
+# 1000 rounds through `fedlight reproduce --per-gpu auto` (many runs share the card; seed 0 of every row first, then
+# seeds 1 and 2). It stops cleanly before its limit (the runs stop after their round, checkpointed), so the next
+# call on the same machine resumes them; finished runs committed under results/ are restored on a fresh machine.
+# It leaves under $OUT: table.tar.gz (results/fednsam_table2_lenet5_cifar10/: table.md, table.csv, curves, and
+# runs/<row>/lenet5_cifar10/seed<k>/ with metrics.jsonl, summary.json, config.yaml, reproduce.json), log.txt,
+# env.txt. Untar it in the project root and commit.
+#
+#   bash tools/gpu_table.sh --prepare   HERE, once: .gpu/whl (jsonargparse & co. for the GPU machine's Python 3.12)
+#                                       and .gpu/parts (the decoded CIFAR-10 in two parts of <= 59 MiB, with SHA-256s)
+#   bash tools/gpu_table.sh [--limit S] THERE (the `run` tool, carry .gpu/whl + the manifest + one part per call):
+#                                       reassembles and checks the data once every part has come, then runs the
+#                                       table for at most S seconds in all (default 540); a call that brings a part
+#                                       but not yet the last says which are missing and exits 0
+#   bash tools/gpu_table.sh --smoke     the whole path on the CPU at a tiny size (tests/test_gpu_table.py)
+# docs/reproducing_tables.md gives the exact `run` calls. Variables: PER_GPU (auto), SEEDS (3), CELLS, RESTORE_FROM, PYTHON,
+# FIT_ARGS (how the runs execute; default "--loop.save_every 25": a checkpoint every 25 rounds, and one whenever a
+# run is stopped, instead of one per round from 16 processes at once).
+set -u
+MODE=gpu; LIMIT=540
+while [ $# -gt 0 ]; do
+  case $1 in
+    --smoke) MODE=smoke ;; --prepare) MODE=prepare ;;
+    --limit) LIMIT=$2; shift ;;
+    *) echo "gpu_table.sh: unknown argument $1 (--prepare, --smoke, --limit S)"; exit 2 ;;
+  esac; shift
+done
+T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+D=${GPU_ASSETS:-$PWD/.gpu}
+NAME=fednsam_table2_lenet5_cifar10
+CELLS=${CELLS:-*/lenet5_cifar10,*/lenet5_cifar10_to78}; SEEDS=${SEEDS:-3}; PY=${PYTHON:-python3}
+
+if [ $MODE = prepare ]; then
+  set -e
+  mkdir -p "$D/whl"
+  ls "$D"/whl/jsonargparse-*.whl > /dev/null 2>&1 || $PY -m pip download -q --no-deps --only-binary=:all: \
+    --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d "$D/whl" \
+    jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0
+  [ -d "$D/staging/cifar-10-batches-py" ] || FEDLIGHT_DATA=${FEDLIGHT_DATA:-../shared/data} \
+    $PY tools/data_parts.py cifar10 "$D/staging"  # the JPEG copy, decoded as fedlight decodes it
+  # xz at its strongest: minutes of CPU (23 min of wall on a loaded 2-core machine); made once per checkout
+  [ -f "$D/parts/cifar-10-batches-py.manifest.json" ] \
+    || $PY tools/data_parts.py pack "$D/staging/cifar-10-batches-py" "$D/parts"  # two parts of <= 59 MiB
+  ls -l "$D/whl" "$D/parts"; exit 0
+fi
+
+OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+trap 'exec 1>&- 2>&-; sleep 0.5' EXIT  # let tee write the last lines before the call returns
+export PYTHONUNBUFFERED=1
+if [ $MODE = smoke ]; then
+  # a tiny CIFAR-10 ImageFolder of random images, packed and unpacked as the real one is; CPU processes
+  D=${SMOKE_DIR:-$(mktemp -d)}
+  if [ ! -d "$D/parts" ]; then
+    $PY - "$D/src/cifar10-jpeg" <<'PY' || exit 1
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+rng = np.random.default_rng(0)
+for split, n in (("train", 30), ("test", 6)):
+    for c in ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"):
+        d = Path(sys.argv[1]) / split / c
+        d.mkdir(parents=True)
+        for i in range(n):
+            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(d / f"{i:04d}.jpg")
+PY
+    FEDLIGHT_DATA=$D/src $PY tools/data_parts.py cifar10 "$D/staging" || exit 1
+    $PY tools/data_parts.py pack "$D/staging/cifar-10-batches-py" "$D/parts" --part-mib 0.1 || exit 1
+  fi
+  PER=(--jobs 2); SHRINK=(--shrink "rounds=2,subset=300,test_subset=60,loop.local_epochs=1")
+  CELLS=${SMOKE_CELLS:-fednsam/lenet5_cifar10,fednsam/lenet5_cifar10_to78}; SEEDS=${SMOKE_SEEDS:-1}
+  TABLE=$D/runs/$NAME; RESTORE_FROM=${RESTORE_FROM:-$D/restore}  # never this checkout's committed runs
+else
+  if [ ! -d /tmp/site/jsonargparse ]; then
+    ls "$D"/whl/*.whl > /dev/null 2>&1 || { echo "no wheels in $D/whl: carry .gpu/whl (made by --prepare)"; exit 2; }
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$D"/whl/*.whl || exit 2
+  fi
+  export PYTHONPATH=/tmp/site:$PWD
+  PER=(--per-gpu "${PER_GPU:-auto}"); SHRINK=()
+  TABLE=runs/tables/$NAME  # ignored: stays between calls on the same machine
+  { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
+    $PY -c "import torch, lightning, jsonargparse; print('torch', torch.__version__, 'lightning', lightning.__version__)"
+    git rev-parse --short HEAD; } > "$OUT/env.txt" 2>&1
+  cat "$OUT/env.txt"
+fi
+export FEDLIGHT_DATA=$D/data FEDLIGHT_CACHE=$D/cache TORCHINDUCTOR_CACHE_DIR=$D/cache/inductor
+el "data"
+$PY tools/data_parts.py unpack "$D/parts" "$D/data"; rc=$?
+if [ $rc = 3 ]; then el "not every part here yet: bring the missing one(s) in the next call (at once: the machine stays warm 30 s)"; exit 0; fi
+[ $rc = 0 ] || exit $rc
+
+# Finished runs committed earlier (results/$NAME/runs) count as done on a fresh machine.
+$PY - "${RESTORE_FROM:-results/$NAME/runs}" "$TABLE" <<'PY' || exit 1
+import shutil, sys
+from pathlib import Path
+
+from fedlight.lab.report import finished
+
+src, dst = Path(sys.argv[1]), Path(sys.argv[2])
+for run in sorted(src.glob("*/*/seed*")) if src.is_dir() else []:
+    to = dst / run.relative_to(src)
+    if finished(run) and not finished(to) and not (to / "metrics.jsonl").exists():
+        shutil.copytree(run, to)
+        print(f"restored finished run {to}")
+PY
+el "table: cells $CELLS, $SEEDS seed(s), ${PER[*]}"
+RESERVE=45  # the table, the curves and the pack after the stop
+BUDGET=$(( LIMIT - ($(date +%s) - T0) - RESERVE ))
+rc=1
+if [ $BUDGET -gt 10 ]; then
+  timeout -s TERM -k 40 $BUDGET $PY -m fedlight reproduce fednsam_table2 --cells "$CELLS" --seeds "$SEEDS" "${PER[@]}" \
+    "${SHRINK[@]}" --out "$TABLE" --fit-args "${FIT_ARGS:---loop.save_every 25}"
+  rc=$?; el "reproduce exit $rc$([ $rc = 124 ] || [ $rc = 143 ] && echo ': stopped at the limit; the next call resumes')"
+else
+  el "no time left for runs (limit $LIMIT s)"
+fi
+if [ $rc != 0 ] || [ ! -f "$TABLE/table.md" ]; then  # stopped (or a run failed): the table of what has finished
+  $PY -m fedlight reproduce fednsam_table2 --cells "$CELLS" --seeds "$SEEDS" "${SHRINK[@]}" --out "$TABLE" \
+    --table-only > "$OUT/table_log.txt" 2>&1
+  tail -1 "$OUT/table_log.txt"
+fi
+
+el "pack"
+P=$D/pack/results/$NAME; rm -rf "$D/pack"; mkdir -p "$P"
+$PY - "$TABLE" "$P" <<'PY' || exit 1
+import shutil, sys
+from pathlib import Path
+
+from fedlight.lab.report import finished
+
+table, dst = Path(sys.argv[1]), Path(sys.argv[2])
+for f in [*table.glob("table.*"), *table.glob("*.png")]:
+    shutil.copy2(f, dst)
+for run in sorted(table.glob("*/*/seed*")):  # finished runs only: an unfinished one resumes from its checkpoint here
+    if finished(run):
+        (dst / "runs" / run.relative_to(table)).mkdir(parents=True)
+        for name in ("metrics.jsonl", "summary.json", "config.yaml", "reproduce.json"):
+            if (run / name).is_file():
+                shutil.copy2(run / name, dst / "runs" / run.relative_to(table) / name)
+PY
+tar -C "$D/pack" -czf "$OUT/table.tar.gz" results || exit 1
+el "wrote $OUT/table.tar.gz ($(du -h "$OUT/table.tar.gz" | cut -f1)): $(find "$P/runs" -name summary.json 2>/dev/null | wc -l) finished runs"
