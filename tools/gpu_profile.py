@@ -73,26 +73,9 @@ def _rounds(loop, first: int, n: int) -> float:
 
 
 def _profiled(loop, r: int, steps: int, top: int = 10) -> None:
-    from torch.profiler import ProfilerActivity, profile
+    from fedlight.lab.bench_routes import profile_round
 
-    from fedlight.lab.bench_gpu import kernel_seconds
-
-    dev = loop.device
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    _sync(dev)
-    t = time.perf_counter()
-    with profile(activities=acts) as prof:
-        loop.run_round(r)
-        _sync(dev)
-    wall = time.perf_counter() - t
-    busy, kernels = kernel_seconds(prof)
-    print(f"round: profiled wall {wall:.3f} s, GPU kernel time {busy:.3f} s ({100 * busy / wall:.0f} % busy), "
-          f"{len(kernels) / steps:.0f} kernels per stacked step", flush=True)
-    by_name: dict[str, float] = {}
-    for e in kernels:
-        by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e6
-    for name, s in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]:
-        print(f"  kernel {100 * s / max(busy, 1e-12):5.1f} %  {s:.3f} s  {name[:110]}", flush=True)
+    prof = profile_round(loop, "stacked step", steps, r, top)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)
     print(table, flush=True)
 

@@ -200,8 +200,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         f"{r['first_round_s']:.1f} |" for r in sorted(rows, key=lambda r: r["s_per_round"]))
 
 
-def profile_round(loop, name: str, steps: int, r: int, top: int = 8) -> None:
-    """One profiled round of ``loop``: wall, the summed kernel time and its share, the costliest kernels."""
+def profile_round(loop, name: str, steps: int, r: int, top: int = 8):
+    """One profiled round of ``loop``: prints wall, the summed kernel time and its share, the costliest kernels;
+    returns the profiler."""
     from torch.profiler import ProfilerActivity, profile
 
     from fedlight.lab.bench_gpu import kernel_seconds
@@ -222,6 +223,7 @@ def profile_round(loop, name: str, steps: int, r: int, top: int = 8) -> None:
         by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e6
     for k, sec in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]:
         print(f"profile:   {100 * sec / max(busy, 1e-12):5.1f} %  {sec:.3f} s  {k[:110]}", flush=True)
+    return prof
 
 
 def line(r: dict[str, Any]) -> str:

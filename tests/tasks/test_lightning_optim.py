@@ -48,6 +48,19 @@ def _same_init(cls, *args):
     return a, b
 
 
+def _equal_to_lightnings_trainer(tmp_path, cls):
+    """One client's round of ``cls`` through fedlight and through Lightning's own Trainer from the same start: the
+    final parameters agree to 1e-12 in 64-true; returns fedlight's module and final parameters."""
+    ours, theirs = _same_init(cls)
+    _fit1(tmp_path, ours)
+    trainer_fit(theirs, client_batches(_one_client(), K))
+    got = _final(tmp_path)
+    for k, v in theirs.state_dict().items():
+        if k in got:
+            torch.testing.assert_close(got[k], v, rtol=0, atol=1e-12)
+    return ours, got
+
+
 class Accumulating(LitMLP):
     """The Lightning docs' idiom: backward of loss/N every batch, step and zero every N batches."""
 
@@ -67,13 +80,7 @@ class Accumulating(LitMLP):
 
 
 def test_gradient_accumulation_under_manual_optimisation_equals_lightnings_trainer(tmp_path):
-    ours, theirs = _same_init(Accumulating)
-    _fit1(tmp_path, ours)
-    trainer_fit(theirs, client_batches(_one_client(), K))
-    got = _final(tmp_path)
-    for k, v in theirs.state_dict().items():
-        if k in got:
-            torch.testing.assert_close(got[k], v, rtol=0, atol=1e-12)
+    ours, got = _equal_to_lightnings_trainer(tmp_path, Accumulating)
     assert (got["net.0.weight"] - ours.init["net.0.weight"].double()).abs().max() > 1e-3  # it trained
 
 
@@ -102,13 +109,7 @@ class TwoOptimizers(LitMLP):
 
 
 def test_two_optimizers_under_manual_optimisation_equal_lightnings_trainer(tmp_path, capsys):
-    ours, theirs = _same_init(TwoOptimizers)
-    _fit1(tmp_path, ours)
-    trainer_fit(theirs, client_batches(_one_client(), K))
-    got = _final(tmp_path)
-    for k, v in theirs.state_dict().items():
-        if k in got:
-            torch.testing.assert_close(got[k], v, rtol=0, atol=1e-12)
+    ours, got = _equal_to_lightnings_trainer(tmp_path, TwoOptimizers)
     assert "SGD(lr=0.3, weight_decay=0) + Adam(lr=0.01, betas=(0.5, 0.9)" in capsys.readouterr().out
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {"train/loss_a", "train/loss_b"} <= rows[0].keys()
@@ -144,13 +145,7 @@ class Grouped(LitMLP):
 
 
 def test_param_groups_are_honoured_as_lightnings_trainer_applies_them(tmp_path, capsys):
-    ours, theirs = _same_init(Grouped)
-    _fit1(tmp_path, ours)
-    trainer_fit(theirs, client_batches(_one_client(), K))
-    got = _final(tmp_path)
-    for k, v in theirs.state_dict().items():
-        if k in got:
-            torch.testing.assert_close(got[k], v, rtol=0, atol=1e-12)
+    ours, got = _equal_to_lightnings_trainer(tmp_path, Grouped)
     assert "param groups honoured: group 1 lr=0.05, weight_decay=0" in capsys.readouterr().out
 
 
