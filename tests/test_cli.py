@@ -22,7 +22,7 @@ def test_fit_help_shows_field_docstrings(capsys):
     assert e.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "Clients sampled each round (S), without replacement" in out
-    assert "Joint L2 clip of the local step direction" in out
+    assert "Joint L2 clip of the local step" in out
 
 
 def test_ls_lists_every_algorithm(capsys):
