@@ -118,6 +118,15 @@ def outcome(job: ClientJob, result: ClientResult, ctx_metrics: dict[str, Any], l
                          delta_sqnorm=P.sqnorm(result.delta))
 
 
+def run_to_end(steps: Iterator[None]):
+    """Drive a runner's ``stepwise`` generator to its end and return its value (the outcomes)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
 def compile_kwargs(compile: bool | str) -> dict[str, Any]:
     """``torch.compile`` keywords for a ``loop.compile`` value: ``True`` → inductor, a mode, else a backend name."""
     return {} if compile is True else {"mode": compile} if compile in COMPILE_MODES else {"backend": compile}

@@ -10,7 +10,7 @@ from fedlight.core import params as P
 from fedlight.core.params import Params
 from fedlight.core.rules import RoundInfo
 from fedlight.core.sampling import seed_client_torch
-from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, context, outcome
+from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, context, outcome, run_to_end
 from fedlight.runners.guard import out_of_memory
 
 
@@ -33,12 +33,7 @@ class SequentialRunner:
             yield out
 
     def train_one(self, job: ClientJob, info: RoundInfo, buffers: Params) -> ClientOutcome:
-        steps = self.stepwise(job, info, buffers)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
+        return run_to_end(self.stepwise(job, info, buffers))
 
     def stepwise(self, job: ClientJob, info: RoundInfo, buffers: Params) -> Generator[None, None, ClientOutcome]:
         """``train_one`` paused after each local step (a runner that interleaves clients advances several)."""

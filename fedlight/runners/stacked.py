@@ -32,7 +32,7 @@ from fedlight.core.params import Params
 from fedlight.core.rules import Broadcast, ClientResult, LocalUpdateRule, RoundInfo
 from fedlight.core.sampling import seed_client_torch
 from fedlight.errors import ConfigError
-from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, context, outcome
+from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, context, outcome, run_to_end
 from fedlight.runners.forward import StackedContext, StackedForward
 from fedlight.runners.guard import (
     auto_chunk,
@@ -192,12 +192,7 @@ class StackedRunner:
 
     def train_chunk(self, jobs: list[ClientJob], info: RoundInfo, buffers: Params) -> list[ClientOutcome]:
         """Train ``jobs`` together from their broadcasts."""
-        steps = self.stepwise(jobs, info, buffers)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
+        return run_to_end(self.stepwise(jobs, info, buffers))
 
     def stepwise(self, jobs: list[ClientJob], info: RoundInfo,
                  buffers: Params) -> Generator[None, None, list[ClientOutcome]]:
