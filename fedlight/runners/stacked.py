@@ -45,10 +45,9 @@ from fedlight.runners.guard import (
     tree_bytes,
 )
 from fedlight.runners.sequential import SequentialRunner
-from fedlight.runners.stacking import _keys, chunks, groups, slice_tree, stack_tree
+from fedlight.runners.stacking import _keys, groups, slice_tree, stack_tree
 
-__all__ = ["StackedContext", "StackedForward", "StackedRunner", "check_supported", "chunks", "groups", "slice_tree",
-           "stack_tree"]
+__all__ = ["StackedRunner", "check_supported"]
 
 
 def check_supported(local: LocalUpdateRule, name: str) -> None:

@@ -10,7 +10,7 @@ from fedlight.core import params as P
 from fedlight.core.loop_config import LoopConfig
 from fedlight.errors import ConfigError
 from fedlight.runners import guard
-from fedlight.runners.stacked import StackedForward
+from fedlight.runners.forward import StackedForward
 
 
 def _rounds(loop, n=2):

@@ -95,7 +95,7 @@ def test_chunks_and_unequal_clients_match_sequential():
 
 
 def test_vmap_groups_clients_by_steps_batches_and_state():
-    from fedlight.runners.stacked import chunks
+    from fedlight.runners.stacking import chunks
 
     sig = {0: "a", 1: "b", 2: "a", 3: "a", 4: "b"}
     assert chunks([0, 1, 2, 3, 4], sig.__getitem__, None) == [[0, 2, 3], [1, 4]]

@@ -164,7 +164,7 @@ def test_stacked_resnet18_loss_traces_as_one_graph(norm):
 
     from fedlight.core.rules import cross_entropy
     from fedlight.models import ResNet18
-    from fedlight.runners.stacked import StackedForward
+    from fedlight.runners.forward import StackedForward
 
     torch._dynamo.reset()
     model = ResNet18(num_classes=10, norm=norm)
