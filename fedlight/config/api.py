@@ -33,6 +33,7 @@ from fedlight.run.directory import settings_hash, split_settings
 from fedlight.run.faults import fault
 from fedlight.run.record import RunRecord
 from fedlight.tasks import Task
+from fedlight.tasks.lightning import is_lightning_module
 
 PRECISIONS = ("32-true", "64-true", "bf16-mixed", "bf16-true", "16-mixed")
 
@@ -196,6 +197,7 @@ def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, t
     accelerator, precision = _resolve_device(accelerator, precision, algorithm)
     model, text = _model_and_config(model, data, algorithm, task, loop, seed, precision, text)
     defining, execution = split_settings(recorded.settings(text, precision))
+    defining = recorded.resolve_clip(defining, is_lightning_module(model))
     name = f"{recorded.default_name(algorithm, model, data, seed)}-{settings_hash(defining)}"
     return Plan(model=model, data=data, algorithm=algorithm, task=task, loop=loop, seed=seed, accelerator=accelerator,
                 precision=precision, text=text, defining=defining, execution=execution,

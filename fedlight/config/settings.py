@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from fedlight.core.loop_config import LoopConfig
+from fedlight.core.loop_config import AUTO_CLIP, LoopConfig
 from fedlight.core.spec import describe
 
 
@@ -28,6 +28,18 @@ def settings(text: str, precision: str) -> dict[str, Any]:
     except yaml.YAMLError:
         parsed = {}
     return {**(parsed if isinstance(parsed, dict) else {}), "precision": precision}
+
+
+CLIP_KEY = "loop.max_grad_norm"
+
+
+def resolve_clip(defining: dict[str, Any], lightning: bool) -> dict[str, Any]:
+    """The defining settings with ``loop.max_grad_norm: auto`` as the clip it stands for with this model (10 for
+    fedlight's own models, none for a LightningModule): what trains is what the run is, so a run recorded before
+    ``auto`` was the default (``10.0``) keeps its run directory name and resumes under the default."""
+    if defining.get(CLIP_KEY) != "auto":
+        return defining
+    return {**defining, CLIP_KEY: None if lightning else AUTO_CLIP}
 
 
 def lr_hint(algorithm, loop: LoopConfig) -> str:

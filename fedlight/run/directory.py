@@ -68,7 +68,11 @@ def settings_hash(defining: dict[str, Any]) -> str:
 
 
 def differences(there: dict[str, Any], here: dict[str, Any]) -> list[str]:
-    """``key is A there and B here`` for every defining setting that differs."""
+    """``key is A there and B here`` for every defining setting that differs. ``here`` holds the clip that
+    ``loop.max_grad_norm: auto`` resolved to (:func:`fedlight.config.settings.resolve_clip`); a checkpoint that
+    recorded ``auto`` itself (written before it was resolved) is of the same model, so it resolved the same."""
+    if there.get("loop.max_grad_norm") == "auto":
+        there = {**there, "loop.max_grad_norm": here.get("loop.max_grad_norm", "auto")}
     out = []
     for k in sorted(there.keys() | here.keys()):
         a, b = there.get(k, "<unset>"), here.get(k, "<unset>")

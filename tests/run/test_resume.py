@@ -188,3 +188,37 @@ def test_resume_refuses_drift_exactly_once_with_one_message(tmp_path, capsys, mo
     assert len(calls) == 1
     assert err.count("does not match this run") == 1 and why in err, err
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "run").iterdir()} == before
+
+
+def test_a_run_recorded_with_the_clip_auto_stands_for_keeps_its_name_and_resumes_under_auto(tmp_path, capsys,
+                                                                                           monkeypatch):
+    """``loop.max_grad_norm`` is defining as the clip it resolves to: a run recorded with ``10.0`` (fedlight's models'
+    default before ``auto``) has the directory name a default run gets, resumes under the default bitwise equal to an
+    uninterrupted run, and another clip is still refused. A LightningModule's ``auto`` is no clip."""
+    from fedlight.config.cli import main
+    from fedlight.config.settings import resolve_clip
+    from fedlight.run.directory import differences
+
+    def fit(cwd, *extra):
+        monkeypatch.chdir(cwd)
+        return main(["fit", "--config", TINY, "--loop.rounds", "3", *extra])
+
+    (tmp_path / "old").mkdir(), (tmp_path / "new").mkdir()
+    assert fit(tmp_path / "new") == 0  # default: auto
+    assert fit(tmp_path / "old", "--loop.rounds", "2", "--loop.max_grad_norm", "10") == 0
+    assert fit(tmp_path / "old", "--resume", "auto") == 0  # the default finds the directory and continues it
+    old, new = [list((tmp_path / d / "runs").iterdir()) for d in ("old", "new")]
+    assert len(old) == 1 and [p.name for p in old] == [p.name for p in new]
+    assert _rounds(old[0]) == [1, 2, 3]
+    a, b = _final(old[0]), _final(new[0])
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    capsys.readouterr()
+    assert fit(tmp_path / "old", "--loop.rounds", "4", "--resume", str(old[0] / "checkpoints" / "last.ckpt"),
+               "--loop.max_grad_norm", "5", "--out_dir", str(old[0])) == 2
+    assert "loop.max_grad_norm is 10.0 there and 5.0 here" in capsys.readouterr().err
+    key = "loop.max_grad_norm"
+    assert resolve_clip({key: "auto"}, lightning=False) == {key: 10.0}
+    assert resolve_clip({key: "auto"}, lightning=True) == {key: None}
+    assert resolve_clip({key: 3.0}, lightning=True) == {key: 3.0}
+    assert differences({key: "auto"}, {key: None}) == [] and differences({key: "auto"}, {key: 10.0}) == []
+    assert differences({key: None}, {key: 10.0}) == ["loop.max_grad_norm is None there and 10.0 here"]
