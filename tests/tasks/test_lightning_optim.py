@@ -4,6 +4,7 @@ used, ``loop.max_grad_norm: auto`` and the task's local optimisation as one valu
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -213,3 +214,43 @@ def test_which_rules_bring_their_own_optimizer_is_decided_in_one_place():
     own = {n for n in ("fedavg", "scaffold", "fedsam", "fedswa", "fedmoswa", "fedadamw", "local_adam", "fedlada")
            if fedlight.create(n).local.brings_optimizer}
     assert own == {"fedadamw", "local_adam", "fedlada"}  # FedSWA's in-round lr steps the loop's (the module's) SGD
+
+
+class ManualScheduled(LitMLP):
+    """Manual optimisation stepping its scheduler itself: every batch (the Lightning docs' idiom), or not at all; the
+    config's ``interval`` is what fedlight follows."""
+
+    def __init__(self, interval: str | None = None, calls: bool = True):
+        super().__init__(momentum=0.0)
+        self.automatic_optimization, self.interval, self.steps_scheduler = False, interval, calls
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(F.cross_entropy(self(batch[0]), batch[1]))
+        opt.step()
+        if self.steps_scheduler:
+            self.lr_schedulers().step()
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.4)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
+        return [opt], [sched] if self.interval is None else [{"scheduler": sched, "interval": self.interval}]
+
+
+def test_a_manual_loops_scheduler_calls_are_followed_by_their_interval_and_a_mismatch_is_said_once(tmp_path, capsys):
+    """Under manual optimisation Lightning steps a scheduler only when the module calls ``step()``; fedlight steps it
+    by its ``interval``. Calls that match the interval train as Lightning's Trainer (to 1e-12); calls that do not
+    (per batch under the default ``epoch`` interval, or none) are said in one line naming the interval that matches."""
+    stepped = functools.partial(ManualScheduled, "step")
+    ours, got = _equal_to_lightnings_trainer(tmp_path, stepped)
+    assert (got["net.0.weight"] - ours.init["net.0.weight"].double()).abs().max() > 1e-3
+    assert "manual optimisation: the module called" not in capsys.readouterr().out
+    for name, module, calls, fix in (("every_batch", ManualScheduled(), K, f'"interval": "step", "frequency": 1'),
+                                     ("never", ManualScheduled("step", calls=False), 0, "remove it")):
+        data = _one_client()
+        cfg = LoopConfig(rounds=2, clients_per_round=1, local_steps=K, progress=False)
+        fedlight.fit(module, data, loop=cfg, precision="64-true", out_dir=str(tmp_path / name))
+        out = capsys.readouterr().out
+        assert out.count("manual optimisation: the module called") == 1, out
+        assert f"StepLR.step() {calls} time(s) in a client's round 1 of {K} steps" in out and fix in out, out

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from fedlight.core import params as P
 from fedlight.core.params import in_stacked
+from fedlight.tasks.lightning.compat import note
 from fedlight.tasks.lightning.groups import optimizers_of
 from fedlight.tasks.lightning.logs import capture_logs
 
@@ -164,19 +165,28 @@ class ClientHooks:
         self.ctx.scratch["lightning_ended"] = True
         self.task.trainer.global_step = self.ctx.round * self.ctx.num_steps + self.ctx.num_steps
         call_hook(self.module, "on_train_epoch_end", sink=self.logs)
+        schedule = self.task.schedule
+        if self.task.manual and schedule:
+            said = schedule.unfollowed_calls(self.ctx.scratch.get("lightning_scheduler_calls", {}), self.ctx.round,
+                                             self.ctx.num_steps)
+            if said:
+                note(self.ctx.fabric, said)
         self.task._train_logs(self.logs, self.ctx.scratch["lightning_logs"], self.ctx, final=True)
         self.logs.clear()
 
 
 class SchedulerView:
     """``self.lr_schedulers()``: the module's scheduler as seen by a client; fedlight sets the lr by its interval
-    (``step()`` does nothing, so a manual loop calling it keeps the same schedule)."""
+    (``step()`` does not step it, so a manual loop calling it keeps the same schedule; under manual optimisation a
+    round whose calls differ from the interval gets one note naming the interval that matches)."""
 
     def __init__(self, scheduler: Any, ctx: Any) -> None:
         self._scheduler, self._ctx = scheduler, ctx
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        return None
+        """Counted only (:meth:`~fedlight.tasks.lightning.schedule.Schedule.unfollowed_calls`)."""
+        calls = self._ctx.scratch.setdefault("lightning_scheduler_calls", {})
+        calls[id(self._scheduler)] = calls.get(id(self._scheduler), 0) + 1
 
     def get_last_lr(self) -> list[float]:
         return [g["lr"] for g in self._ctx.optimizer.param_groups]

@@ -68,6 +68,7 @@ class Schedule:
         self.start = [c["scheduler"].state_dict() for c in self.configs], [g["lr"] for g in self.groups]
         self.tables: dict[int, list[tuple[float, ...]]] = {}
         self._replaying: int | None = None  # the K whose table the schedulers' current state continues
+        self.said = False  # the note of :meth:`unfollowed_calls` was given
 
     def __bool__(self) -> bool:
         return bool(self.configs)
@@ -86,6 +87,29 @@ class Schedule:
     def lr(self, round: int, step: int, steps: int) -> float:
         """The first group's lr (what the run reports as its lr)."""
         return self.lrs(round, step, steps)[0]
+
+    def unfollowed_calls(self, calls: dict[int, int], round: int, steps: int) -> str | None:
+        """Under manual optimisation: how the module's own ``sch.step()`` calls in one client's round ``round`` of
+        ``steps`` steps (``calls``: by ``id`` of the scheduler) differ from what the schedulers' intervals step, and
+        the interval that matches them, said once per run; ``None`` when they agree (or it was said)."""
+        if self.said:
+            return None
+        for c in self.configs:
+            f, n = c["frequency"], calls.get(id(c["scheduler"]), 0)
+            by_step = ((round + 1) * steps) // f - (round * steps) // f
+            m = by_step if c["interval"] == "step" else int((round + 1) % f == 0)
+            if n != m:
+                self.said = True
+                fix = ("remove it from configure_optimizers if the lr should stay constant" if n == 0 else
+                       f"return `\"interval\": \"step\", \"frequency\": {steps // n}` with it from configure_optimizers"
+                       if steps % n == 0 else f"give it the interval and frequency that step it {n} times in {steps} "
+                       "steps")
+                return (f"manual optimisation: the module called {type(c['scheduler']).__name__}.step() {n} time(s) in "
+                        f"a client's round {round + 1} of {steps} steps, where its `interval: {c['interval']}` "
+                        f"(frequency {f}) steps it {m} time(s); fedlight steps the schedule by its interval (each "
+                        f"client's lr at step r·K+k), not by the calls, so the lr differs from what Lightning's "
+                        f"Trainer would give: {fix}")
+        return None
 
     def _replay(self, table: list[tuple[float, ...]], steps: int, until: int) -> None:
         if self._replaying != steps:  # start over from the schedulers' initial state
