@@ -210,10 +210,18 @@ def test_overwrite_refuses_a_folder_that_is_not_a_run_and_leaves_foreign_files_o
     shutil.copytree(finished, run)
     (run / "tb" / "mine.txt").write_text("mine")
     (run / "checkpoints" / "keep.pt").write_text("mine")
+    trackers = ("csv/version_0/metrics.csv", "csv/version_0/hparams.yaml", "wandb/run-1-x/files/config.yaml",
+                "wandb/run-1-x/run-x.wandb", "trackers.json")  # the CSV and W&B trackers' files, as they lay them out
+    for name in (*trackers, "csv/notes.txt"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text("written")
+    (run / "wandb" / "latest-run").symlink_to(run / "wandb" / "run-1-x")
     assert _fit(run, 1, "--overwrite", "true") == 0
     assert (run / "tb" / "mine.txt").read_text() == "mine" and (run / "checkpoints" / "keep.pt").read_text() == "mine"
-    assert (f"fedlight: note: `--overwrite` removed fedlight's files from {run} and left 2 it did not write: "
-            "checkpoints/keep.pt, tb/mine.txt") in capsys.readouterr().err
+    assert (f"fedlight: note: `--overwrite` removed fedlight's files from {run} and left 3 it did not write: "
+            "checkpoints/keep.pt, tb/mine.txt, csv/notes.txt") in capsys.readouterr().err
+    assert not (run / "wandb").exists() and not (run / "csv" / "version_0").exists()
+    assert not (run / "trackers.json").exists() and (run / "csv" / "notes.txt").read_text() == "written"
     assert json.loads((run / "summary.json").read_text())["rounds_completed"] == 1
 
 
