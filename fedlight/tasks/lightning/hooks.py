@@ -120,6 +120,17 @@ class ClientHooks:
                 self._wrap_step(opt)
             call_hook(module, "on_train_epoch_start", sink=self.logs)
 
+    @contextmanager
+    def trainer_optimizers(self):
+        """Within the block (a ``training_step``), ``self.trainer.optimizers`` are the client's optimizers, over the
+        parameters that train (a runner's copy of the module has its own), as ``toggle_optimizer`` needs."""
+        trainer = self.task.trainer
+        saved, trainer.optimizers = trainer.optimizers, optimizers_of(self.ctx.optimizer)
+        try:
+            yield
+        finally:
+            trainer.optimizers = saved
+
     def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         ctx = self.ctx
         if ctx.fabric is None or ctx._plain:

@@ -16,6 +16,7 @@ evaluation step is missing or logs nothing is evaluated by its ``training_step``
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -130,16 +131,16 @@ class LightningTask(Task):
         trainer, K = self.trainer, ctx.num_steps
         if trainer is not None:
             trainer.at(ctx.round, ctx.round * K)
-        hooks = ctx.scratch["lightning_hooks"] = ClientHooks(self, self.module, ctx) if trainer is not None else None
 
         def objective(model, batch):
             module, k = getattr(model, "_fedlight_module", model), ctx.step_index
+            hooks = self._hooks(ctx, module)
             if self.schedule:
                 set_lrs(ctx.optimizer, self.schedule.lrs(ctx.round, k, K))
             if hooks is not None:
                 trainer.global_step = ctx.round * K + k
                 hooks.before_step(batch, k)
-            with capture_logs(module) as logs:
+            with capture_logs(module) as logs, hooks.trainer_optimizers() if hooks is not None else nullcontext():
                 loss = self.objective(model, batch, k)
             if loss is None:
                 loss = self._skipped(ctx, hooks)
@@ -155,6 +156,16 @@ class LightningTask(Task):
             return loss
 
         return objective
+
+    def _hooks(self, ctx: Any, module: nn.Module) -> ClientHooks | None:
+        """The client's hooks, made at its first step on the module that trains: the run's module, or a runner's copy
+        of it (the streams runner's), which gets the stand-in trainer too."""
+        hooks = ctx.scratch.get("lightning_hooks")
+        if hooks is None and self.trainer is not None:
+            if getattr(module, "_trainer", None) is not self.trainer:
+                attach(module, self.trainer)
+            hooks = ctx.scratch["lightning_hooks"] = ClientHooks(self, module, ctx)
+        return hooks
 
     def _skipped(self, ctx: Any, hooks: Any) -> Tensor:
         """A zero loss (zero gradients) for a skipped step; its optimizer step is not taken."""
