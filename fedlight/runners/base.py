@@ -105,6 +105,7 @@ def context(setup: TrainSetup, job: ClientJob, info: RoundInfo, params: Params, 
     ctx = cls(broadcast=job.broadcast, optimizer=optimizer, lr=info.lr, num_steps=job.num_steps, params=params,
               client_id=job.client_id, round=info.round, state=state, max_grad_norm=setup.max_grad_norm,
               fabric=setup.fabric, weight_decay=setup.weight_decay, **extra)
+    ctx.scratch["client_model"] = setup.model  # the module that trains: the run's, or a runner's copy (streams)
     ctx.objective = setup.task.client_objective(ctx)
     return ctx
 

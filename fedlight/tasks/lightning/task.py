@@ -131,10 +131,10 @@ class LightningTask(Task):
         trainer, K = self.trainer, ctx.num_steps
         if trainer is not None:
             trainer.at(ctx.round, ctx.round * K)
+        hooks = ctx.scratch["lightning_hooks"] = self._hooks(ctx) if trainer is not None else None
 
         def objective(model, batch):
             module, k = getattr(model, "_fedlight_module", model), ctx.step_index
-            hooks = self._hooks(ctx, module)
             if self.schedule:
                 set_lrs(ctx.optimizer, self.schedule.lrs(ctx.round, k, K))
             if hooks is not None:
@@ -157,15 +157,15 @@ class LightningTask(Task):
 
         return objective
 
-    def _hooks(self, ctx: Any, module: nn.Module) -> ClientHooks | None:
-        """The client's hooks, made at its first step on the module that trains: the run's module, or a runner's copy
-        of it (the streams runner's), which gets the stand-in trainer too."""
-        hooks = ctx.scratch.get("lightning_hooks")
-        if hooks is None and self.trainer is not None:
-            if getattr(module, "_trainer", None) is not self.trainer:
-                attach(module, self.trainer)
-            hooks = ctx.scratch["lightning_hooks"] = ClientHooks(self, module, ctx)
-        return hooks
+    def _hooks(self, ctx: Any) -> ClientHooks:
+        """The client's hooks on the module that trains it: the run's module, or a runner's copy of it (the streams
+        runner's, ``ctx.scratch["client_model"]``), which gets the stand-in trainer too."""
+        module = ctx.scratch.get("client_model")
+        if not is_lightning_module(module):
+            module = self.module
+        elif getattr(module, "_trainer", None) is not self.trainer:
+            attach(module, self.trainer)
+        return ClientHooks(self, module, ctx)
 
     def _skipped(self, ctx: Any, hooks: Any) -> Tensor:
         """A zero loss (zero gradients) for a skipped step; its optimizer step is not taken."""
