@@ -6,7 +6,11 @@ Conventions for doc authors:
   its own imports), with one fresh temporary folder per document as the working directory: files written by earlier
   blocks are there (in this process: imports are paid once; the algorithm registry, ``sys.path`` and modules loaded
   from the folder are restored afterwards).
-* ```` ```bash ```` blocks run in ``bash -euo pipefail`` in the same folder, as a user would type them.
+* ```` ```bash ```` blocks run in ``bash -euo pipefail`` in the same folder, as a user would type them; a block of
+  plain ``fedlight`` commands (each maybe after ``NAME=value`` words, or ``export NAME=value`` lines; no expansion,
+  pipe or redirection) runs the same commands in this process, through ``fedlight.config.cli.main`` (the
+  ``fedlight`` program's function), after bash has checked its syntax and found ``fedlight`` on its ``PATH``: an
+  interpreter start saved per command. A command that starts processes of its own (``--devices``) runs in bash.
 * ```` ```python file=NAME ```` and ```` ```yaml file=NAME ```` blocks are written to ``NAME`` in that folder
   (for later blocks to import or pass as ``--config``), not executed.
 * ```` ```text ```` blocks are example output and are not run.
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -139,18 +145,77 @@ def sandbox(tmp_path, monkeypatch):
                 del sys.modules[name]
 
 
-def _bash(block: Block, cwd: Path) -> None:
+def _bash_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=cwd, env=env, capture_output=True,
-                         text=True, timeout=BASH_TIMEOUT_S)
+    return env
+
+
+def _bash(block: Block, cwd: Path) -> None:
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], cwd=cwd, env=_bash_env(),
+                         capture_output=True, text=True, timeout=BASH_TIMEOUT_S)
     assert res.returncode == 0, f"{block} failed ({res.returncode}):\n{block.code}\n--- stdout\n{res.stdout[-3000:]}" \
                                 f"\n--- stderr\n{res.stderr[-3000:]}"
 
 
+PLAIN = re.compile(r"[A-Za-z0-9_./:=,+@%-]*")  # the words bash leaves as they are (outside quotes)
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.S)
+
+
+def fedlight_commands(block: Block) -> list[tuple[str, dict[str, str], list[str]]] | None:
+    """``(kind, env, argv)`` per command of a block made only of ``[NAME=value ...] fedlight ARGS`` lines (kind
+    ``fedlight``) and ``export NAME=value`` lines (kind ``export``), with nothing bash would expand, glob or redirect
+    (quoted text without ``$``, ``\\`` or a backquote is fine) and no ``--devices``; None for any other block."""
+    out = []
+    for line in block.code.splitlines():
+        code = line.split(" #", 1)[0] if not line.lstrip().startswith("#") else ""
+        bare = re.sub(r"'[^']*'|\"[^\"$`\\]*\"", "", code)  # the text outside quotes
+        if not all(PLAIN.fullmatch(w) for w in bare.split()):
+            return None
+        words = shlex.split(code)
+        if not words:
+            continue
+        if words[0] == "export" and len(words) > 1 and all(ASSIGNMENT.fullmatch(w) for w in words[1:]):
+            out.append(("export", dict(w.split("=", 1) for w in words[1:]), []))
+            continue
+        env = {}
+        while words and ASSIGNMENT.fullmatch(words[0]):
+            name, value = words.pop(0).split("=", 1)
+            env[name] = value
+        if not words or words[0] != "fedlight" or any(w.startswith("--devices") for w in words):
+            return None
+        out.append(("fedlight", env, words[1:]))
+    return out or None
+
+
+def _in_process(block: Block, commands: list, monkeypatch) -> None:
+    """The block's ``fedlight`` commands through the program's function, in this process (see the module)."""
+    from fedlight.config.cli import main
+
+    env = _bash_env()
+    syntax = subprocess.run(["bash", "-n", "-c", block.code], capture_output=True, text=True, timeout=30)
+    assert syntax.returncode == 0, f"{block}: bash refuses its syntax: {syntax.stderr}"
+    assert shutil.which("fedlight", path=env["PATH"]), f"{block}: no `fedlight` on bash's PATH"
+    with monkeypatch.context() as block_env:
+        block_env.setenv("OMP_NUM_THREADS", env["OMP_NUM_THREADS"])
+        for kind, assigned, argv in commands:
+            if kind == "export":
+                for name, value in assigned.items():
+                    block_env.setenv(name, value)
+                continue
+            with monkeypatch.context() as line_env:
+                for name, value in assigned.items():
+                    line_env.setenv(name, value)
+                # what the program would import from: the folder only where PYTHONPATH names it, as for bash's
+                pythonpath = [str(Path(d).resolve()) for d in os.environ.get("PYTHONPATH", "").split(os.pathsep) if d]
+                line_env.setattr(sys, "path", [*pythonpath, *(d for d in sys.path if d != str(Path.cwd()))])
+                rc = main(argv)
+            assert rc == 0, f"{block} failed ({rc}) at `fedlight {shlex.join(argv)}`:\n{block.code}"
+
+
 @pytest.mark.parametrize("doc", runnable_docs())
-def test_doc_code_runs(doc, sandbox):
+def test_doc_code_runs(doc, sandbox, monkeypatch):
     for b in blocks(DOCS / doc):
         if b.skip is not None:
             continue
@@ -163,7 +228,11 @@ def test_doc_code_runs(doc, sandbox):
             except Exception as e:
                 raise AssertionError(f"{b} raised {type(e).__name__}: {e}\n{b.code}") from e
         elif b.lang == "bash":
-            _bash(b, sandbox)
+            commands = fedlight_commands(b)
+            if commands:
+                _in_process(b, commands, monkeypatch)
+            else:
+                _bash(b, sandbox)
 
 
 if __name__ == "__main__":  # regenerate docs/algorithms.md

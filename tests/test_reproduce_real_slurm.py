@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from datetime import datetime
 from pathlib import Path
 
@@ -48,10 +49,31 @@ def _args(spec, out, *extra, mem="1G"):
             "--cpus", "1", "--mem", mem, *extra]
 
 
-def _cli(args, timeout=240) -> subprocess.CompletedProcess:
-    """``fedlight`` in a process of its own, time-bounded (``--wait`` waits for the jobs)."""
-    return subprocess.run([sys.executable, "-m", "fedlight.config.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+def _cli(args, cluster, capsys, timeout=240) -> tuple[int, str]:
+    """``fedlight`` in this process (no interpreter starts), time-bounded: past ``timeout`` every job of the cluster
+    is cancelled, so ``--wait`` returns (and the test fails, saying so); its exit status and what it printed."""
+    fired = []
+
+    def cancel_all():
+        fired.append(True)
+        cluster.run("scancel", "--user", "root")
+
+    capsys.readouterr()
+    watchdog = threading.Timer(timeout, cancel_all)
+    watchdog.start()
+    try:
+        rc = main(args)
+    finally:
+        watchdog.cancel()
+    out, err = capsys.readouterr()
+    assert not fired, f"`fedlight {' '.join(args[:2])}` took over {timeout} s: its jobs were cancelled\n{err[-2000:]}"
+    return rc, out + err[-2000:]
+
+
+def _ended(cluster, job: str) -> None:
+    """Until Slurm has the job in a final state: ``--wait`` returns once a job's result is written, which its process
+    does just before it exits (a ``fedlight`` process of its own took longer than that to exit)."""
+    cluster.wait_for(lambda: cluster.job(job)["JobState"] not in jobs.LIVE, f"job {job} to end", 60)
 
 
 def _status(spec, out, capsys) -> list[str]:
@@ -66,15 +88,43 @@ def _same_model(run, reference):
     assert [json.loads(x)["round"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
 
 
-def test_a_table_on_slurm_equals_the_local_launchers(on_slurm, reference, tmp_path):
+def test_a_job_at_its_time_limit_is_requeued_by_the_launcher_and_finishes(on_slurm, tmp_path, monkeypatch, request):
+    """``--time 2`` with the end-of-job signal 50 s before it (``slurm.signal_s``; Slurm sends it up to its 30 s
+    check period earlier: 40 to 70 s into the job): the signal finds the run waiting in round 2; the launcher stops
+    the run (SIGUSR1) and requeues the job, which resumes the run. (The first test of the module: the uninterrupted
+    reference runs, in this process, are made while the job waits for its signal.)"""
     spec, out = write_spec(tmp_path / "quick.yaml"), tmp_path / "out"
-    done = _cli([*_args(spec, out, "--seeds", "2", "--per-gpu", "2", "--wait")])  # a cell's two seeds per job
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "submitted 4 runs in 2 jobs" in done.stdout
+    s = reproduce.load_spec(spec)
+    spec.write_text(json.dumps({**s, "slurm": {"signal_s": 50}}))
+    with monkeypatch.context() as paused:  # the job's environment only: the reference runs below must not pause
+        paused.setenv("FEDLIGHT_FAULT", "train@2:pause")  # waits up to 60 s there for a signal
+        assert main([*_args(spec, out, "--cells", "fedavg/*", "--time", "2")]) == 0
+    reference = request.getfixturevalue("reference")  # some 30 s of the 40 to 70 the job waits for its signal
+    on_slurm.wait_for(lambda: jobs.read(out / RUN).get("job"), "the job to start")
+    job = str(jobs.read(out / RUN)["job"])
+    assert on_slurm.job(job)["TimeLimit"] == "00:02:00"
+    on_slurm.wait_for(lambda: on_slurm.job(job).get("Reason") == "BeginTime", "the launcher to requeue the job", 150)
+    # the resumed attempt gets room (a loaded machine must not meet a second end-of-job signal: that is not what
+    # this test checks), and starts now, not after Slurm's two-minute requeue delay
+    on_slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")
+    on_slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+    on_slurm.wait_for(lambda: jobs.read(out / RUN).get("state") == "done", "the requeued job to finish the run", 300)
+    log = (out / RUN / "fit.log").read_text()
+    assert "stopped at round 2 by SIGUSR1" in log and "resumed from round 2" in log  # the launcher's stop, in time
+    _same_model(out / RUN, reference)
+    assert on_slurm.job(job)["Restarts"] == "1"
+
+
+def test_a_table_on_slurm_equals_the_local_launchers(on_slurm, reference, tmp_path, capsys):
+    spec, out = write_spec(tmp_path / "quick.yaml"), tmp_path / "out"
+    rc, said = _cli([*_args(spec, out, "--seeds", "2", "--per-gpu", "2", "--wait")], on_slurm, capsys)
+    assert rc == 0, said  # a cell's two seeds per job
+    assert "submitted 4 runs in 2 jobs" in said
     assert _table(out) == _table(reference)
     for run in (out / c / "synthetic" / f"seed{k}" for c in ("fedavg", "fedprox") for k in (0, 1)):
         job = jobs.read(run)
         assert (job["state"], job["launcher"]) == ("done", "slurm")
+        _ended(on_slurm, str(job["job"]))
         info = on_slurm.job(str(job["job"]))  # Slurm's own record of the job that ran it
         assert (info["JobState"], info["MinMemoryNode"], info["NumCPUs"]) == ("COMPLETED", "1G", "1")
 
@@ -108,31 +158,6 @@ def test_a_requeued_slurm_job_resumes_and_ends_bitwise_equal(on_slurm, reference
     assert _status(spec, out, capsys)[0].split()[2:] == ["done", "Slurm:", "COMPLETED,", "requeued", "1×"]
 
 
-def test_a_job_at_its_time_limit_is_requeued_by_the_launcher_and_finishes(on_slurm, reference, tmp_path,
-                                                                          monkeypatch):
-    """``--time 2`` with the end-of-job signal 50 s before it (``slurm.signal_s``; Slurm sends it up to its 30 s
-    check period earlier: 40 to 70 s into the job): the signal finds the run waiting in round 2; the launcher stops
-    the run (SIGUSR1) and requeues the job, which resumes the run."""
-    spec, out = write_spec(tmp_path / "quick.yaml"), tmp_path / "out"
-    s = reproduce.load_spec(spec)
-    spec.write_text(json.dumps({**s, "slurm": {"signal_s": 50}}))
-    monkeypatch.setenv("FEDLIGHT_FAULT", "train@2:pause")  # waits up to 60 s there for a signal
-    assert main([*_args(spec, out, "--cells", "fedavg/*", "--time", "2")]) == 0
-    on_slurm.wait_for(lambda: jobs.read(out / RUN).get("job"), "the job to start")
-    job = str(jobs.read(out / RUN)["job"])
-    assert on_slurm.job(job)["TimeLimit"] == "00:02:00"
-    on_slurm.wait_for(lambda: on_slurm.job(job).get("Reason") == "BeginTime", "the launcher to requeue the job", 150)
-    # the resumed attempt gets room (a loaded machine must not meet a second end-of-job signal: that is not what
-    # this test checks), and starts now, not after Slurm's two-minute requeue delay
-    on_slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")
-    on_slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")
-    on_slurm.wait_for(lambda: jobs.read(out / RUN).get("state") == "done", "the requeued job to finish the run", 300)
-    log = (out / RUN / "fit.log").read_text()
-    assert "stopped at round 2 by SIGUSR1" in log and "resumed from round 2" in log  # the launcher's stop, in time
-    _same_model(out / RUN, reference)
-    assert on_slurm.job(job)["Restarts"] == "1"
-
-
 def test_scancel_leaves_the_run_stopped_and_the_same_command_resumes_it(on_slurm, reference, tmp_path, monkeypatch,
                                                                         capsys):
     """``scancel`` of the job of a ``--wait`` command: the command returns (it fails: the run is not finished), the
@@ -154,8 +179,8 @@ def test_scancel_leaves_the_run_stopped_and_the_same_command_resumes_it(on_slurm
     assert jobs.read(out / RUN)["state"] == "stopped" and on_slurm.job(job)["JobState"] == "CANCELLED"
     line = _status(spec, out, capsys)[0]
     assert line.split()[2:6] == ["stopped", "2", "rounds", "done,"] and line.endswith("Slurm: CANCELLED"), line
-    again = _cli([*_args(spec, out, "--cells", "fedavg/*", "--wait")])
-    assert again.returncode == 0, again.stderr[-2000:]
+    rc, said = _cli([*_args(spec, out, "--cells", "fedavg/*", "--wait")], on_slurm, capsys)
+    assert rc == 0, said
     assert "resumed from round 2" in (out / RUN / "fit.log").read_text()
     _same_model(out / RUN, reference)
 
@@ -165,8 +190,9 @@ def test_status_reads_a_failed_job_from_slurm(on_slurm, tmp_path, monkeypatch, c
     the run failed with Slurm's FAILED."""
     spec, out = write_spec(tmp_path / "quick.yaml"), tmp_path / "out"
     monkeypatch.setenv("FEDLIGHT_FAULT", "train@1:kill")
-    failed = _cli([*_args(spec, out, "--cells", "fedavg/*", "--wait")])
-    assert failed.returncode == 1, failed.stderr[-2000:]
+    rc, said = _cli([*_args(spec, out, "--cells", "fedavg/*", "--wait")], on_slurm, capsys)
+    assert rc == 1, said
+    _ended(on_slurm, str(jobs.read(out / RUN)["job"]))
     line = _status(spec, out, capsys)[0]
     assert line.split()[2:5] == ["failed", "exit", "status"] and line.endswith("; Slurm: FAILED (NonZeroExitCode)")
 
