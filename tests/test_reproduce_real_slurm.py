@@ -71,9 +71,10 @@ def _cli(args, cluster, capsys, timeout=240) -> tuple[int, str]:
 
 
 def _ended(cluster, job: str) -> None:
-    """Until Slurm has the job in a final state: ``--wait`` returns once a job's result is written, which its process
-    does just before it exits (a ``fedlight`` process of its own took longer than that to exit)."""
-    cluster.wait_for(lambda: cluster.job(job)["JobState"] not in jobs.LIVE, f"job {job} to end", 60)
+    """``--wait`` has returned only once Slurm shows the job in a final state (a job's result file is written just
+    before its process exits, so waiting for the file alone left ``--status`` showing RUNNING or COMPLETING)."""
+    state = cluster.job(job)["JobState"]
+    assert state not in jobs.LIVE, f"--wait returned while Slurm shows job {job} {state}"
 
 
 def _status(spec, out, capsys) -> list[str]:

@@ -223,15 +223,21 @@ def submit(runs: list, res: Resources, out: Path, cluster: str, run_one: Callabl
 
 
 def wait(handles: list, cluster: str, poll_s: float = 2.0) -> None:
-    """Wait until every job has ended: its result written, or, on Slurm, the job in a final state (cancelled, failed,
-    timed out; submitit alone waits for ever for such a job where Slurm keeps no accounting)."""
+    """Wait until every job has ended: its result written, and on Slurm the job in a final state as Slurm shows it
+    (so ``--status`` right after shows the end, not ``RUNNING``/``COMPLETING`` while the job's process exits), or a
+    final state without a result (cancelled, failed, timed out; submitit alone waits for ever for such a job where
+    Slurm keeps no accounting); a job Slurm no longer knows has ended when its result is written."""
     from fedlight.lab import jobs
+
+    def running(h) -> bool:
+        if cluster != "slurm":
+            return not h.done()
+        v = _scontrol_view(h.job_id)
+        return not h.done() if v is None else v.split()[0] in jobs.LIVE
 
     left = list(handles)
     while left:
-        left = [h for h in left if not h.done()]
-        if cluster == "slurm":
-            left = [h for h in left if (v := _scontrol_view(h.job_id)) is None or v.split()[0] in jobs.LIVE]
+        left = [h for h in left if running(h)]
         if left:
             time.sleep(poll_s)
 
