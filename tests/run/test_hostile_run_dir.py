@@ -3,15 +3,19 @@
 A refused run leaves its directory byte-identical (tree hash); one directory is held by one run at a time.
 """
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from fedlight.config.cli import main
 from fedlight.run.directory import RunLock
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -20,8 +24,23 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
 def _cli(*args, cwd=None):
+    """A real ``fedlight fit`` process (where another process must hold the directory's lock)."""
     cmd = [sys.executable, "-m", "fedlight", "fit", "--config", TINY, *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=cwd)
+
+
+def _fit(*args, cwd=None):
+    """``fedlight fit`` in this process (saves an interpreter start): its exit status and what it wrote to stderr."""
+    err = io.StringIO()
+    before = Path.cwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stderr(err):
+            code = main(["fit", "--config", TINY, *map(str, args)])
+    finally:
+        os.chdir(before)
+    return SimpleNamespace(returncode=code, stderr=err.getvalue())
 
 
 def tree_hash(root: Path) -> dict[str, str]:
@@ -41,7 +60,7 @@ def _refused(res, *needles):
 def done_run(tmp_path_factory):
     """A finished 2-round run of tiny.yaml."""
     out = tmp_path_factory.mktemp("done") / "run"
-    res = _cli("--out_dir", out, "--loop.rounds", 2)
+    res = _fit("--out_dir", out, "--loop.rounds", 2)
     assert res.returncode == 0, res.stderr[-3000:]
     return out
 
@@ -56,7 +75,7 @@ def done_run(tmp_path_factory):
 ])
 def test_resume_refuses_changed_settings_and_writes_nothing(done_run, args, needles):
     before = tree_hash(done_run)
-    res = _cli("--out_dir", done_run, "--loop.rounds", 2, "--resume", "auto", *args)
+    res = _fit("--out_dir", done_run, "--loop.rounds", 2, "--resume", "auto", *args)
     _refused(res, "does not match this run", *needles)
     assert tree_hash(done_run) == before
 
@@ -70,7 +89,7 @@ def test_truncated_checkpoint_refused_without_a_write(tmp_path, done_run):
     ckpt.write_bytes(ckpt.read_bytes()[:100])
     (out / "checkpoints" / "prev.ckpt").unlink()  # with it, `--resume auto` continues from it (test_integrity.py)
     before = tree_hash(out)
-    _refused(_cli("--out_dir", out, "--resume", "auto"), f"checkpoint {ckpt} is damaged: it is truncated")
+    _refused(_fit("--out_dir", out, "--resume", "auto"), f"checkpoint {ckpt} is damaged: it is truncated")
     assert tree_hash(out) == before
 
 
@@ -79,7 +98,7 @@ def test_execution_only_changes_resume_and_are_recorded_per_segment(tmp_path, do
 
     out = tmp_path / "run"
     shutil.copytree(done_run, out)
-    res = _cli("--out_dir", out, "--resume", "auto", "--loop.rounds", 3, "--loop.save_every", 2,
+    res = _fit("--out_dir", out, "--resume", "auto", "--loop.rounds", 3, "--loop.save_every", 2,
                "--loop.client_parallelism", "vmap", "--loop.progress", "true")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resumed from round 2" in res.stderr
@@ -109,7 +128,7 @@ def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / ".fedlight.lock").write_text(json.dumps({"pid": 999999, "host": "gone", "since": "then"}))
-    res = _cli("--out_dir", out)
+    res = _fit("--out_dir", out)
     assert res.returncode == 0, res.stderr[-3000:]
     assert not (out / ".fedlight.lock").exists()
 
@@ -131,7 +150,7 @@ def test_two_concurrent_runs_on_one_directory_exactly_one_proceeds(tmp_path):
 def test_default_directories_differ_when_settings_differ(tmp_path):
     runs = []
     for extra in ([], ["--algorithm", "fedavg"], ["--loop.progress", "true"]):
-        res = _cli("--loop.rounds", 1, "--resume", "auto", *extra, cwd=tmp_path)
+        res = _fit("--loop.rounds", 1, "--resume", "auto", *extra, cwd=tmp_path)
         assert res.returncode == 0, res.stderr[-3000:]
         line = next(x for x in res.stderr.splitlines() if x.startswith("fedlight: run directory"))
         runs.append(line.split("run directory ", 1)[1].strip())
@@ -148,13 +167,13 @@ def test_default_directories_differ_when_settings_differ(tmp_path):
 def test_unusable_out_dir_is_one_message(tmp_path, where, needle):
     (tmp_path / "f").write_text("x")
     out = {"file": tmp_path / "f", "under_file": tmp_path / "f" / "run", "proc": Path("/proc/fedlight-test/run")}[where]
-    _refused(_cli("--out_dir", out, "--loop.rounds", 1), needle, "`out_dir`")
+    _refused(_fit("--out_dir", out, "--loop.rounds", 1), needle, "`out_dir`")
     assert (tmp_path / "f").read_text() == "x"
 
 
 def test_absurd_learning_rate_is_refused_before_training(tmp_path):
     out = tmp_path / "run"
-    _refused(_cli("--out_dir", out, "--loop.lr", "1e300"), "`loop.lr`")
+    _refused(_fit("--out_dir", out, "--loop.lr", "1e300"), "`loop.lr`")
     assert not out.exists()
 
 

@@ -31,6 +31,13 @@ def _cli(out, *extra, env=None, check=True):
     return res
 
 
+def _fit_here(out, *extra):
+    """``fedlight fit`` in this process (saves an interpreter start where nothing is killed)."""
+    from fedlight.config.cli import main
+
+    assert main(["fit", "--config", TINY, "--out_dir", str(out), *ROUNDS, *extra]) == 0
+
+
 def _rounds(out):
     lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line)["round"] for line in lines]
@@ -43,7 +50,7 @@ def _final(out):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("ref") / "run"
-    _cli(out)
+    _fit_here(out)
     return _final(out)
 
 
@@ -54,24 +61,34 @@ def test_sigkill_then_resume_is_bitwise(point, reference, tmp_path):
     assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
     assert not (out / "summary.json").exists()
     assert not list((out / "checkpoints").glob(".*.tmp")) or point == "ckpt@2"  # a torn temp file at most
-    _cli(out, "--resume", "auto")
+    _fit_here(out, "--resume", "auto")
     assert _rounds(out) == [1, 2, 3, 4]
     final = _final(out)
     for k in reference:
         assert torch.equal(final[k], reference[k]), (point, k)
 
 
+def _has_a_row(out):
+    metrics = Path(out) / "metrics.jsonl"
+    return metrics.is_file() and bool(metrics.read_text().strip())
+
+
 def test_sigkill_at_arbitrary_times(reference, tmp_path):
-    """Kill from outside after a few chosen delays (wherever the run happens to be), then resume."""
-    for delay in (6.0, 9.0):
-        out = tmp_path / f"run{delay}"
+    """Kill from outside at moments the run does not choose (wherever its threads happen to be), then resume: as its
+    run directory appears (start-up) and as its first row appears (rounds and checkpoint writes under way). The moments
+    are the run's own, not fixed delays after the interpreter's start, which fell before the run or after its end
+    depending on how long the imports took."""
+    for name, reached in (("start", Path.exists), ("rounds", _has_a_row)):
+        out = tmp_path / f"run-{name}"
         cmd = [sys.executable, "-m", "fedlight.config.cli", "fit", "--config", TINY, "--out_dir", str(out), *ROUNDS,
                "--loop.rounds", "6"]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(delay)
+        deadline = time.monotonic() + 120
+        while not reached(out) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
-        _cli(out, "--loop.rounds", "6", "--resume", "auto")
+        _fit_here(out, "--loop.rounds", "6", "--resume", "auto")
         assert _rounds(out) == [1, 2, 3, 4, 5, 6]
 
 

@@ -1,14 +1,13 @@
 """The run record: what a run writes and prints (issue 11 RunRecord + seeding, issue 12 background checkpoints,
 issue 13 item 7, issue 15 items 4-5 and the exploding-loss warning)."""
 
+import contextlib
 import io
 import json
 import math
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,9 +21,7 @@ from fedlight.run import atomic as records
 from fedlight.run.console import Progress
 from fedlight.run.record import RunRecord
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 TINY = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 MLP_SPEC = {"class_path": "fedlight.models.MLP", "init_args": {"in_features": 60, "hidden": [16], "num_classes": 10}}
 
 
@@ -40,8 +37,13 @@ def _strict_json(line):
 
 
 def _cli(*args):
-    cmd = [sys.executable, "-m", "fedlight", "fit", "--config", TINY, *map(str, args)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
+    """``fedlight fit`` in this process (saves an interpreter start); stderr, a pipe-like stream, not a terminal."""
+    from fedlight.config.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["fit", "--config", TINY, *map(str, args)])
+    res = SimpleNamespace(returncode=code, stderr=err.getvalue())
     assert res.returncode == 0, res.stderr[-3000:]
     return res
 
