@@ -85,3 +85,22 @@ def test_a_metric_direction_comes_from_the_task_only(regression_run, tmp_path):
     assert report.metric_value(old, "best_test_mse") == min(r["test_mse"] for r in rows)  # the headline's own
     with pytest.raises(ConfigError, match="does not record whether higher test_r2 is better"):
         report.metric_value(old, "best_test_r2")
+
+
+def test_a_recipe_whose_model_is_a_lightningmodule_leaves_its_metrics_to_the_run_and_a_plain_one_imports_no_lightning(
+        tmp_path):
+    """A LightningModule's ``test_step`` decides its metrics, so the spec check lets them through (``None``); the
+    check tells a LightningModule by its bases, so a table of fedlight's own models never imports Lightning (the
+    import is seconds at every ``fedlight reproduce --status``)."""
+    import subprocess
+    import sys
+
+    lit = tmp_path / "lit.yaml"
+    lit.write_text("model: {class_path: lit.LitMLP}\ndata: {class_path: fedlight.data.Synthetic}\n")
+    assert reproduce.task_metrics(lit) is None
+    assert reproduce._is_lightning_module("lit.LitMLP") and not reproduce._is_lightning_module("fedlight.models.MLP")
+    code = ("import sys; from fedlight.lab import reproduce as r; "
+            "assert not r._is_lightning_module('fedlight.models.MLP'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.strip() == "[]"
