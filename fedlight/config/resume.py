@@ -106,6 +106,8 @@ def config_damaged(out: Path, ckpt: dict[str, Any]) -> bool:
     damaged or edited (saying so), or written before config files carried their digest."""
     why = side_files.damage(out / "config.yaml")
     if why == side_files.UNSEALED and not side_files.sealed(ckpt):  # written before the digests: sealed now
+        note(f"{out / 'config.yaml'} was written by a fedlight that did not seal it (no digest line): rewritten "
+             "from the checkpoint's settings (this run's, which the checkpoint confirmed), with its digest")
         return True
     if why is not None:
         note(f"{out / 'config.yaml'} is damaged: {why}; rewritten from the checkpoint's settings (this run's, which "

@@ -194,6 +194,26 @@ def test_a_damaged_config_is_rewritten_at_resume_with_a_note(damage, finished, t
     assert main(["verify", str(out)]) == 0
 
 
+def test_the_unsealed_config_of_a_run_from_before_the_digests_is_sealed_at_resume_with_a_note(finished, tmp_path,
+                                                                                               capsys):
+    """A run written before fedlight sealed its side files (its checkpoint names client states by absolute path):
+    its config.yaml, without a digest line, is rewritten with one at resume, and the run says so; the same file in a
+    run whose checkpoint is of the sealing kind is an edit, said as damage."""
+    from fedlight.config import resume
+    from fedlight.run import side_files
+
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    text = (out / "config.yaml").read_text()
+    (out / "config.yaml").write_text(text.rpartition(side_files.TAG)[0])  # as an older fedlight wrote it
+    capsys.readouterr()
+    assert resume.config_damaged(out, {"store": {"paths": "absolute"}})
+    assert (f"fedlight: note: {out}/config.yaml was written by a fedlight that did not seal it (no digest line): "
+            "rewritten from the checkpoint's settings") in capsys.readouterr().err
+    assert resume.config_damaged(out, {"store": {"paths": "relative"}})
+    assert f"{out}/config.yaml is damaged: {side_files.UNSEALED}" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------------------ overwrite
 def test_overwrite_refuses_a_folder_that_is_not_a_run_and_leaves_foreign_files_of_a_run(finished, tmp_path, capsys):
     stray = tmp_path / "stray"
