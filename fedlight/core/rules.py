@@ -115,7 +115,8 @@ class LocalContext:
     lr_sum: float = 0.0
     """``Σ_k η_k`` over the steps taken so far (``K·η_r`` when the lr is constant within the round)."""
     scratch: dict[str, Any] = field(default_factory=dict)
-    """Per-client working memory of a rule for this round (not persisted)."""
+    """Per-client working memory of a rule for this round (not persisted); the runners put the module that trains
+    the client under ``client_model`` (the run's model, or a runner's copy of it)."""
 
     def __post_init__(self) -> None:
         self._plain = precisions.plugin(self.fabric) is None
