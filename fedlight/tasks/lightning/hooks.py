@@ -111,12 +111,13 @@ class ClientHooks:
         self.logs: dict[str, tuple[Any, Any]] = {}
         self.skip, self.batch, self.outputs = False, None, None
         self.stacked = in_stacked() or type(ctx).__name__ == "StackedContext"
-        opts = [ClientOptimizer(ctx, o, i == 0) for i, o in enumerate(optimizers_of(ctx.optimizer))]
+        self.optimizers = optimizers_of(ctx.optimizer)  # the client's torch optimizers (one, or a Joint's parts)
+        opts = [ClientOptimizer(ctx, o, i == 0) for i, o in enumerate(self.optimizers)]
         module.__dict__["optimizers"] = lambda use_pl_optimizer=True: opts[0] if len(opts) == 1 else opts
         module.__dict__["lr_schedulers"] = lambda: _schedulers(task, ctx)
         module.__dict__["manual_backward"] = self.manual_backward
         if not self.stacked:
-            for opt in optimizers_of(ctx.optimizer):
+            for opt in self.optimizers:
                 self._wrap_step(opt)
             call_hook(module, "on_train_epoch_start", sink=self.logs)
 
@@ -125,7 +126,7 @@ class ClientHooks:
         """Within the block (a ``training_step``), ``self.trainer.optimizers`` are the client's optimizers, over the
         parameters that train (a runner's copy of the module has its own), as ``toggle_optimizer`` needs."""
         trainer = self.task.trainer
-        saved, trainer.optimizers = trainer.optimizers, optimizers_of(self.ctx.optimizer)
+        saved, trainer.optimizers = trainer.optimizers, self.optimizers
         try:
             yield
         finally:
@@ -137,7 +138,7 @@ class ClientHooks:
             loss.backward(*args, **kwargs)
         else:
             ctx.fabric.backward(loss, *args, **kwargs)
-            for opt in optimizers_of(ctx.optimizer):
+            for opt in self.optimizers:
                 ctx.fabric.strategy.precision.unscale_gradients(opt)
 
     def before_step(self, batch: Any, k: int) -> None:
