@@ -59,6 +59,7 @@ class LightningTask(Task):
         self.by_loss = False  # evaluated by training_step's loss (no test_step/validation_step logging anything)
         self.round, self.steps = 0, 1
         self.optimization: LocalOptimization | None = None  # what local_optimization returned
+        self.record: Any = None  # the run record (set by the driver): the module's self.logger writes there
 
     # ----------------------------------------------------------------------------------------- headline
     @property
@@ -138,7 +139,7 @@ class LightningTask(Task):
             if self.schedule:
                 set_lrs(ctx.optimizer, self.schedule.lrs(ctx.round, k, K))
             if hooks is not None:
-                trainer.global_step = ctx.round * K + k
+                trainer.global_step, trainer.is_last_batch = ctx.round * K + k, k == K - 1
                 hooks.before_step(batch, k)
             with capture_logs(module) as logs, hooks.trainer_optimizers() if hooks is not None else nullcontext():
                 loss = self.objective(model, batch, k)
