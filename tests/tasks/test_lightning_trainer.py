@@ -66,7 +66,7 @@ def test_loggers_list_tensorboard_then_the_trackers_and_write_the_run(tmp_path):
     _fit(tmp_path, Counting(), name="none", loggers="none")
     assert seen == {"loggers": [], "logger": None}  # no TensorBoard asked for: as Trainer(logger=False)
     with pytest.raises(ConfigError, match=r"`self.logger` is None because the run writes no TensorBoard \(`--loggers` "
-                       "without tensorboard\), as with Trainer\(logger=False\); add tensorboard"):
+                       r"without tensorboard\), as with Trainer\(logger=False\); add tensorboard"):
         _fit(tmp_path, Drawing(), name="refused", loggers="none")
 
 
@@ -81,6 +81,10 @@ def test_a_modules_own_data_hooks_are_the_data_with_drop_last_and_the_trainers_s
     assert [s[0] for s in model.seen_setup].count("fit") == 1  # setup("fit") once, as Lightning calls it
     assert 0 <= summary["final_test_acc"] <= 1
     assert "data: null" in (tmp_path / "own" / "config.yaml").read_text()
+    same = OwnData()
+    fedlight.fit(same, same, loop=LoopConfig(rounds=1, clients_per_round=2, local_steps=1, progress=False),
+                 out_dir=str(tmp_path / "same"))  # fit(model, model), as Trainer.fit(model, datamodule=model) reads
+    assert [s[0] for s in same.seen_setup] == ["fit", "test", "validate"]  # no test_dataloader: val_dataloader
     data = DataModuleClients(ModuleData(OwnData()), num_clients=10)
     data.setup("cpu", 0)
     assert data.batch_sizes(0, 3) == (6, 6, 6) and data.steps_per_epoch(0) == 1  # no 1-sample batch
@@ -128,6 +132,10 @@ def test_a_bare_pytorch_lightning_datamodule_from_the_command_line(tmp_path):
             "--loop.clients_per_round", "2", "--loop.local_steps", "2", "--loop.progress", "false"]
     assert main([*args, "--out_dir", str(tmp_path / "pl")]) == 0
     assert "lit_pl.PLBlobs" in (tmp_path / "pl" / "config.yaml").read_text()
+    own = ["fit", "--model", "lit_trainer.OwnData", *args[5:], "--out_dir", str(tmp_path / "own")]  # no --data
+    assert main(own) == 0
+    assert json.loads((tmp_path / "own" / "summary.json").read_text())["rounds_completed"] == 1
+    assert main(["fit", "--model", "fedlight.models.MLP", *args[5:], "--out_dir", str(tmp_path / "no")]) == 2
 
 
 def test_a_schedule_sized_for_other_epochs_is_said_before_round_1(tmp_path, capsys):
