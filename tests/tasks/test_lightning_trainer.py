@@ -51,11 +51,15 @@ def test_loggers_list_tensorboard_then_the_trackers_and_write_the_run(tmp_path):
         def on_train_epoch_end(self):
             seen["loggers"] = [type(lg) for lg in self.loggers]
             self.loggers[0].log_metrics({"mine/norm": self.net[0].weight.norm().item()}, step=self.current_epoch + 1)
-            self.loggers[0].log_hyperparams({"width": 16})
+
+        def on_train_start(self):  # the idiom of Lightning's TensorBoard docs (hp_metric)
+            self.logger.log_hyperparams({"width": 16}, {"hp/metric": 0})
 
     _fit(tmp_path, Listing(), loggers=["tensorboard", "csv"])
     assert issubclass(seen["loggers"][0], TensorBoardLogger) and seen["loggers"][1] is CSVLogger
-    assert [e.step for e in _events(tmp_path / "run").Scalars("mine/norm")][-1] == 3
+    events = _events(tmp_path / "run")
+    assert [e.step for e in events.Scalars("mine/norm")] == [1] * 3 + [2] * 3 + [3] * 3  # 3 clients a round
+    assert [e.value for e in events.Scalars("hp/metric")] == [0]
     assert "width: 16" in (tmp_path / "run" / "tb" / "hparams.yaml").read_text()
     seen.clear()
 

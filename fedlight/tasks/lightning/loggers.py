@@ -35,9 +35,10 @@ def _tensorboard_class() -> type:
             return writer
 
         def log_hyperparams(self, params: Any, metrics: Any = None, step: int | None = None) -> None:
+            if self._record.summary_writer() is None:  # nothing is written (Lightning's dummy has no file writer)
+                return
             super().log_hyperparams(params, metrics, step)
-            if self._record.summary_writer() is not None:
-                self.save()  # RUN/tb/hparams.yaml
+            self.save()  # RUN/tb/hparams.yaml
 
         def finalize(self, status: str) -> None:
             """The run's writer is closed by the run, not by the module."""

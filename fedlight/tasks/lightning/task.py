@@ -59,6 +59,7 @@ class LightningTask(Task):
         self.by_loss = False  # evaluated by training_step's loss (no test_step/validation_step logging anything)
         self.round, self.steps = 0, 1
         self.optimization: LocalOptimization | None = None  # what local_optimization returned
+        self.started = False  # on_fit_start was called
         self.record: Any = None  # the run record (set by the driver): the module's self.logger writes there
 
     # ----------------------------------------------------------------------------------------- headline
@@ -102,7 +103,14 @@ class LightningTask(Task):
         return self.schedule.lr(info.round, 0, steps), self.schedule.lr(info.round, steps - 1, steps)
 
     def begin_round(self, info: Any) -> None:
+        """The round's state; before the run's first round (of this process, a resumed run's included), once its
+        files are open so that ``self.logger`` writes: ``on_fit_start`` and ``on_train_start``."""
         self.round, self.steps = info.round, max(1, round(info.num_steps))
+        if self.trainer is not None and not self.started:
+            self.started = True
+            self.trainer.at(self.round, self.round * self.steps, "training")
+            call_hook(self.module, "on_fit_start")
+            call_hook(self.module, "on_train_start")
 
     def end(self, model: nn.Module) -> None:
         """After the last round: ``on_fit_end``, then the stand-in trainer is detached."""
