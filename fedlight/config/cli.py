@@ -58,6 +58,7 @@ A recipe is a YAML file of these keys; every key is also a flag (--loop.rounds 3
     class_path: fedlight.models.MLP                             its arguments: fedlight fit --model.help MLP
     init_args: {in_features: 60, hidden: [32], num_classes: 10}
   data:                           a federated data module       list them: fedlight ls datasets
+                                  or a LightningDataModule (left out: a LightningModule's own train_dataloader)
     class_path: fedlight.data.Synthetic                         its arguments: fedlight fit --data.help Synthetic
     init_args:
       num_clients: 30

@@ -101,7 +101,10 @@ class Named(LitMLP):
 class OneCycle(LitMLP):
     """A OneCycleLR sized for the author's epochs: ``steps_per_epoch`` fixed for a full data set."""
 
+    steps_per_epoch = 50
+
     def configure_optimizers(self):
         opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, epochs=self.trainer.max_epochs, steps_per_epoch=50)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, epochs=self.trainer.max_epochs,
+                                                    steps_per_epoch=self.steps_per_epoch)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

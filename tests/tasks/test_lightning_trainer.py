@@ -149,6 +149,11 @@ def test_a_schedule_sized_for_other_epochs_is_said_before_round_1(tmp_path, caps
             "rounds: 6 steps in all, so the run takes 12.0% of it") in err
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["lr"] == pytest.approx(0.1 / 25)  # OneCycle's start: max_lr / div_factor
+    short = OneCycle()
+    short.steps_per_epoch = 4  # 4 steps a round for 1 round, where a client takes 6: it would step past its end
+    with pytest.raises(ConfigError, match=r"OneCycleLR \(total_steps=4\) is sized for 4 steps.*it ends after 4 of "
+                       "the run's 6.*cannot step past its total_steps"):
+        _fit1(tmp_path, short, name="short")
 
 
 def test_the_docs_table_lists_every_attribute_the_stand_in_answers_with_its_value(tmp_path):

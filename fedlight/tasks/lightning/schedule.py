@@ -89,13 +89,15 @@ class Schedule:
             if attr is None or getattr(sched, attr) == taken:
                 continue
             n, unit = getattr(sched, attr), "steps" if per_step else "epochs (rounds)"
-            share = (f"the run takes {taken / n:.1%} of it" if n > taken else
-                     f"it ends after {n} of the run's {taken}" + (", and cannot step past them" if attr == "total_steps"
-                                                                   else ""))
-            return (f"{type(sched).__name__} ({attr}={n}) is sized for {n} {unit}, but a client takes {steps} steps "
+            share = f"the run takes {taken / n:.1%} of it" if n > taken else f"it ends after {n} of the run's {taken}"
+            said = (f"{type(sched).__name__} ({attr}={n}) is sized for {n} {unit}, but a client takes {steps} steps "
                     f"per round and the run {rounds} rounds: {rounds * steps} steps in all, so {share}. Size it by the "
                     "run: `self.trainer.estimated_stepping_batches` (R·K steps) or `self.trainer.max_epochs` "
                     "(R rounds)")
+            if attr == "total_steps" and n < taken:  # OneCycleLR raises past its end, under Lightning's Trainer too
+                raise ConfigError(f"{said}; it cannot step past its total_steps (Lightning's Trainer would stop "
+                                  "there too), or give fewer `loop.rounds` / `loop.local_steps`")
+            return said
         return None
 
     def lrs(self, round: int, step: int, steps: int) -> tuple[float, ...]:
