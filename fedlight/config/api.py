@@ -94,10 +94,8 @@ def fit(
             ``fit`` then builds it after ``torch.manual_seed(seed)`` (as the CLI does) and records it in
             ``config.yaml``.
         data: a federated data module: dataset + partition (e.g. ``fedlight.data.CIFAR10``), or a
-            ``LightningDataModule`` from ``lightning.pytorch`` or ``pytorch_lightning`` (wrapped in
-            :class:`fedlight.data.DataModuleClients` with its defaults; wrap it yourself to choose the clients and the
-            partition). ``None`` (or the model itself): a LightningModule's own ``train_dataloader`` /
-            ``test_dataloader`` (else ``val_dataloader``), as ``Trainer.fit(model)`` reads them.
+            ``LightningDataModule`` (wrapped in :class:`fedlight.data.DataModuleClients`, which chooses clients and
+            partition); ``None``: a LightningModule's own dataloaders.
         algorithm: the federated rule pair (e.g. ``fedlight.algorithms.FedNSAM``); default FedAvg.
         loop: rounds, sampling, local steps, optimizer, schedule, evaluation and checkpoint settings.
         seed: every random stream (sampling, data order, augmentation, init) derives from it.
@@ -195,7 +193,7 @@ def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, t
     """Check the arguments, build a model given as a spec, describe the recipe and name the run directory."""
     algorithm = algorithm if algorithm is not None else _default_algorithm()
     loop = python_defaults(algorithm, loop) if text is None else loop  # the CLI chose them already
-    data = as_federated(_own_data(model) if data is None else data)
+    data = as_federated(data_or_own(data, model))
     _check_args(algorithm, data, loop, *world)
     accelerator, precision = _resolve_device(accelerator, precision, algorithm)
     model, text = _model_and_config(model, data, algorithm, task, loop, seed, precision, text)
@@ -207,10 +205,12 @@ def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, t
                 out=Path(out_dir) if out_dir else Path("runs") / name)
 
 
-def _own_data(model) -> Any:
-    """``data`` not given: a LightningModule's own data hooks, else one line naming the setting."""
+def data_or_own(data, model) -> Any:
+    """``data``; not given: a LightningModule's own data hooks (the module), else one line naming the setting."""
     from fedlight.tasks.lightning.module_data import carries_data
 
+    if data is not None:
+        return data
     if isinstance(model, (dict, str)) or not carries_data(model):
         raise ConfigError("`data` is missing: give a data module (e.g. `--data fedlight.data.CIFAR10`, or a "
                           "LightningDataModule), or a LightningModule that defines its own train_dataloader")

@@ -58,7 +58,6 @@ A recipe is a YAML file of these keys; every key is also a flag (--loop.rounds 3
     class_path: fedlight.models.MLP                             its arguments: fedlight fit --model.help MLP
     init_args: {in_features: 60, hidden: [32], num_classes: 10}
   data:                           a federated data module       list them: fedlight ls datasets
-                                  or a LightningDataModule (left out: a LightningModule's own train_dataloader)
     class_path: fedlight.data.Synthetic                         its arguments: fedlight fit --data.help Synthetic
     init_args:
       num_clients: 30
@@ -183,8 +182,11 @@ def _print_summary(s: dict) -> None:
 
 
 def cmd_partition(argv: list[str]) -> int:
+    from fedlight.config.api import data_or_own
+    from fedlight.data import as_federated
+
     kwargs, _ = _parse("fedlight partition", argv)
-    data = kwargs["data"]
+    data = as_federated(data_or_own(kwargs["data"], kwargs["model"]))
     data.setup("cpu", kwargs.get("seed", 0))
     print(data.partition_report())
     return 0

@@ -12,9 +12,11 @@ experiment, which writes nothing (as Lightning's ``rank_zero_experiment``).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 
+@functools.cache
 def _tensorboard_class() -> type:
     from lightning.pytorch.loggers import TensorBoardLogger
 
