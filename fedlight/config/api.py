@@ -24,8 +24,8 @@ from fedlight.core.loop_config import LoopConfig
 from fedlight.core.rules import Algorithm
 from fedlight.core.spec import build, describe
 from fedlight.data import FederatedDataModule, as_federated
-from fedlight.data.mapstyle import DataModuleLike
 from fedlight.data.augment import adopt_preprocessing
+from fedlight.data.mapstyle import DataModuleLike
 from fedlight.engine.driver import FitDriver
 from fedlight.errors import ConfigError, check
 from fedlight.run import stops, trackers

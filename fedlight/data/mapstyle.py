@@ -255,7 +255,6 @@ def as_federated(data: Any) -> FederatedDataModule:
     if isinstance(data, FederatedDataModule):
         return data
     from fedlight.tasks.lightning.compat import is_lightning_datamodule
-
     from fedlight.tasks.lightning.module_data import ModuleData, carries_data
 
     if is_lightning_datamodule(data) or carries_data(data):

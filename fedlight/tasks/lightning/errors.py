@@ -44,7 +44,7 @@ def user_code_error(e: BaseException, record: Any) -> UserCodeError | None:
 def guard_user(what: str, fn: Any, batch: Any = None) -> Any:
     """Run ``fn`` (the module's own step before round 1); an exception raised in the user's code becomes a
     :class:`ConfigError` showing the user's frames (string labels in ``batch`` named as the cause)."""
-    from fedlight.tasks.base import _strings, guard
+    from fedlight.tasks.base import guard
 
     try:
         return fn()

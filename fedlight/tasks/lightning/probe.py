@@ -10,7 +10,7 @@ from torch import Tensor
 from fedlight.errors import ConfigError
 from fedlight.tasks.lightning.compat import module_name, note, overrides
 from fedlight.tasks.lightning.errors import guard_user as guard
-from fedlight.tasks.lightning.hooks import call_hook, frozen
+from fedlight.tasks.lightning.hooks import frozen
 from fedlight.tasks.lightning.logs import capture_logs
 
 

@@ -27,10 +27,11 @@ from typing import Any
 from fedlight.errors import ConfigError
 
 PROVIDED = ("global_step", "current_epoch", "max_epochs", "max_steps", "estimated_stepping_batches",
-            "num_training_batches", "is_last_batch", "strategy", "num_devices", "num_nodes", "world_size", "global_rank", "local_rank",
-            "node_rank", "is_global_zero", "precision", "callback_metrics", "logged_metrics", "lightning_module",
-            "optimizers", "lr_scheduler_configs", "training", "testing", "validating", "sanity_checking",
-            "logger", "loggers", "datamodule", "accumulate_grad_batches", "progress_bar_callback", "fast_dev_run")
+            "num_training_batches", "is_last_batch", "strategy", "num_devices", "num_nodes", "world_size",
+            "global_rank", "local_rank", "node_rank", "is_global_zero", "precision", "callback_metrics",
+            "logged_metrics", "lightning_module", "optimizers", "lr_scheduler_configs", "training", "testing",
+            "validating", "sanity_checking", "logger", "loggers", "datamodule", "accumulate_grad_batches",
+            "progress_bar_callback", "fast_dev_run")
 
 
 class NotUnderFedlight(ConfigError, AttributeError):
