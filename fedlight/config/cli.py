@@ -73,9 +73,10 @@ A recipe is a YAML file of these keys; every key is also a flag (--loop.rounds 3
 Recipes to start from: fedlight ls recipes."""
 
 
-def _parser(prog: str, docs: bool = True):
+def _parser(prog: str, docs: bool = True, lightning: bool = True):
     """The ``fit`` parser; ``docs``: read field docstrings for the help text (a second of parsing source code, so
-    only when help is asked for)."""
+    only when help is asked for); ``lightning``: resolve the schema's Lightning types (off for ``--help``, which
+    names them and so imports no Lightning)."""
 
     from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter, set_parsing_settings
 
@@ -94,6 +95,8 @@ def _parser(prog: str, docs: bool = True):
                 return text
             return re.sub(r", known subclasses: [^)]*", f"; list them: fedlight ls {section}", text)
 
+    if lightning:
+        api.lightning_types()
     set_parsing_settings(docstring_parse_attribute_docstrings=docs)
     p = ArgumentParser(prog=prog, exit_on_error=False, description=SCHEMA, allow_abbrev=False,
                        usage=f"{prog} --config RECIPE.yaml [--KEY VALUE ...]", formatter_class=Formatter,
@@ -111,7 +114,8 @@ def _parse(prog: str, argv: list[str]):
 
     argv = flags.resolve_names(argv)
     flags.check_keys(argv)
-    parser = _parser(prog, docs=any(a in ("-h", "--help") or a.startswith("--print_config") for a in argv))
+    helps = any(a in ("-h", "--help") for a in argv)
+    parser = _parser(prog, docs=helps or any(a.startswith("--print_config") for a in argv), lightning=not helps)
     try:
         plain = [a for a in argv if not a.startswith("--print_config")]  # printed below, with the paper's values
         cfg = parser.parse_args(plain)
