@@ -95,10 +95,13 @@ def mlp_like(init: dict, cls=None):
 
 
 def load_work(path: str):
-    """The shared work: (init state, normalized client data getter, test set, spec)."""
+    """The shared work, on the GPU when there is one (as ``fedlight fit`` and pfl choose): (init state, normalized
+    client data getter, test set, spec)."""
     import torch
 
-    w = torch.load(path, weights_only=False)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    w = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in torch.load(path, weights_only=True).items()}
+    w["parts"] = [p.to(dev) for p in w["parts"]]
     norm = (lambda x: x.float() * w["scale"] + w["shift"]) if w["scale"] is not None else (lambda x: x.float())
 
     def client(cid: int):
@@ -114,7 +117,7 @@ def minimal(work: str, out: dict) -> None:
     import torch.nn.functional as F
 
     init, client, (tx, ty), s = load_work(work)
-    model = mlp_like(init)
+    model = mlp_like(init).to(ty.device)
     out["digest"] = _digest(model.state_dict())
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=s["lr"], weight_decay=s["weight_decay"])
@@ -127,7 +130,7 @@ def minimal(work: str, out: dict) -> None:
             x, y = client(cid)
             torch._foreach_copy_([p.data for p in params], x0)
             g = torch.Generator().manual_seed(1_000_003 * r + cid)
-            order = torch.cat([torch.randperm(len(y), generator=g) for _ in range(s["epochs"])])
+            order = torch.cat([torch.randperm(len(y), generator=g) for _ in range(s["epochs"])]).to(y.device)
             for i in range(s["steps"]):
                 b = order[i * s["batch_size"]:(i + 1) * s["batch_size"]]
                 opt.zero_grad(set_to_none=True)
