@@ -36,7 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sharpness": ("fedlight.lab.flatness_cli:cmd_sharpness", "top Hessian eigenvalue, SAM sharpness of a run's model"),
     "verify": ("fedlight.run.verify:cmd_verify", "check a run directory's files: what is intact, which file is "
                "damaged (exit 0 / 2)"),
-    "bench": ("fedlight.lab.bench:cmd_bench", "time fedlight against a minimal PyTorch loop (and at scale): --help"),
+    "bench": ("fedlight.lab.bench:cmd_bench",
+              "time fedlight against a minimal PyTorch loop (and at scale; --peers: and pfl-research)"),
 }
 USAGE = "usage: fedlight <command> [options]\n\ncommands:\n" + "".join(
     f"  {name:<10} {line}\n" for name, (_, line) in COMMANDS.items()) + \
