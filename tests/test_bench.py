@@ -96,3 +96,16 @@ def test_gpu_busy_counts_each_kernel_once():
                                            event(DeviceType.CUDA, 12.0)])
     busy, kernels = kernel_seconds(prof)
     assert busy == pytest.approx(42e-6) and len(kernels) == 2
+
+
+def test_peer_benchmark_smoke_runs_the_same_work_on_each_side(capsys):
+    """``fedlight bench --peers --smoke``: fedlight's own ``fit`` and the minimal loop (pfl where installed) train the
+    same clients from the same weights, so after 2 rounds of one full-batch step their test accuracies agree."""
+    from fedlight.lab.bench_peers import cmd_peers, pfl_available
+
+    assert cmd_peers(["--smoke"]) == 0
+    out, err = capsys.readouterr()
+    rows = {r[0]: r for r in map(str.split, out.splitlines()) if len(r) == 6 and r[0] in ("fedlight", "minimal", "pfl")}
+    assert abs(float(rows["fedlight"][-1]) - float(rows["minimal"][-1])) <= 0.004, out  # 2 of the 500 test images
+    assert "fedlight / minimal: median round ratio over 1 pairs" in out
+    assert ("pfl" in rows) == pfl_available(None) and (("skipped" in err) != pfl_available(None)), (out, err)

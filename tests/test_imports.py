@@ -27,8 +27,10 @@ def _env():
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
-def _modules_after(statement: str) -> list[str]:
-    code = f"import sys, json\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
+def _modules_after(statement: str, since: str = "") -> list[str]:
+    """The modules loaded in a fresh interpreter after ``statement`` (those loaded by ``since`` left out)."""
+    code = f"import sys, json\n{since}\nbefore = set(sys.modules) if {since!r} else set()\n{statement}\n" \
+           "print(json.dumps(sorted(set(sys.modules) - before)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
                          timeout=120, check=True).stdout
     mods = json.loads(out.strip().splitlines()[-1])
@@ -199,3 +201,34 @@ def test_fit_is_still_importable_from_the_package():
     assert fit is api_fit and fedlight.fit is api_fit and "fit" in dir(fedlight)
     with pytest.raises(AttributeError):
         fedlight.no_such_name  # noqa: B018
+
+
+# ------------------------------------------------------------------------------------------------- start-up cost
+
+LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric", "torchmetrics")
+
+
+def test_the_tool_commands_import_no_lightning(tmp_path):
+    """``verify``, ``ls``, ``report``, ``fit --help`` and ``reproduce --status`` start without Lightning (whose import
+    pulls torchmetrics, torchvision's models and torch._dynamo: ~7 s on the 2-core machine)."""
+    table = ROOT / "recipes" / "tables" / "fedadamw_table1.yaml"
+    commands = [["verify", str(tmp_path)], ["ls"], ["report", str(tmp_path)], ["fit", "--help"],
+                ["reproduce", str(table), "--status", "--out", str(tmp_path / "t")]]
+    mods = _modules_after("import contextlib as c, io\nfrom fedlight.config.cli import main\n"
+                          f"for argv in {commands!r}:\n"
+                          "    with c.redirect_stdout(io.StringIO()), c.redirect_stderr(io.StringIO()):\n"
+                          "        try:\n            main(argv)\n        except SystemExit:\n            pass")
+    assert "fedlight.config.api" in mods and "fedlight.lab.reproduce" in mods and "fedlight.run.verify" in mods
+    assert [m for m in mods if m.split(".")[0] in LIGHTNING] == []
+
+
+def test_an_mlp_run_imports_nothing_beyond_lightning_for_its_recipe(tmp_path):
+    """What a plain MLP run imports on top of ``import lightning`` holds no NLP extra, no second Lightning package
+    (the standalone ``pytorch_lightning``, asked about a plain module) and no compiler."""
+    mods = _modules_after(
+        "from fedlight.config.api import fit\nfrom fedlight.core.loop_config import LoopConfig\n"
+        "from fedlight.data import Synthetic\nfrom fedlight.models import MLP\n"
+        "fit(MLP(60, [8]), Synthetic(num_clients=4), loop=LoopConfig(rounds=1, clients_per_round=2, local_steps=2),"
+        f" out_dir={str(tmp_path / 'r')!r})", since="import lightning")
+    added = [m for m in mods if m.split(".")[0] in (*NLP, *LIGHTNING, "timm") or m.startswith("torch._dynamo")]
+    assert "fedlight.engine.loop" in mods and added == []

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from fedlight.algorithms import FedAvg
-from fedlight.config import launch
 from fedlight.config import resume as resumes
 from fedlight.config import settings as recorded
 from fedlight.config.advice import check_scales, python_defaults
@@ -26,7 +25,6 @@ from fedlight.core.spec import build, describe
 from fedlight.data import FederatedDataModule, as_federated
 from fedlight.data.augment import adopt_preprocessing
 from fedlight.data.mapstyle import DataModuleLike
-from fedlight.engine.driver import FitDriver
 from fedlight.errors import ConfigError, check
 from fedlight.run import stops, trackers
 from fedlight.run.directory import settings_hash, split_settings
@@ -128,6 +126,8 @@ def fit(
                  (devices, num_nodes))
     plan.trackers = trackers.parse(loggers)  # a bad entry or a missing package: exit 2 here
     plan.ckpt_path, plan.ckpt, plan.clear = resumes.start(plan.out, resume, overwrite, plan.defining)
+    from fedlight.config import launch
+
     fabric = launch.fabric(plan.accelerator, devices, num_nodes, plan.precision)
     record = _record(fabric, plan)
     refused, agreed = True, False
@@ -155,6 +155,8 @@ def fit(
 
 def _record(fabric, plan: Plan) -> RunRecord:
     """The run record, its directory locked by this run (every process agrees)."""
+    from fedlight.config import launch
+
     record = RunRecord(plan.out, rank0=fabric.global_rank == 0, rounds=plan.loop.rounds, progress=plan.loop.progress,
                        hint=recorded.lr_hint(plan.algorithm, plan.loop))
     record.tensorboard = plan.trackers[0]
@@ -165,11 +167,13 @@ def _record(fabric, plan: Plan) -> RunRecord:
     return record
 
 
-def _train(driver: FitDriver, record: RunRecord, plan: Plan) -> dict[str, Any]:
+def _train(driver, record: RunRecord, plan: Plan) -> dict[str, Any]:
     """Open the run's files, run the rounds and finish: a failed write is one message (exit 74), a stop signal a
     clean stop."""
     effective = driver.task.effective  # what trained, where the loop settings do not apply
     text = plan.text + (f"# fedlight: local optimization used: {effective}\n" if effective else "")
+    from fedlight.config import launch
+
     with stops.disk_guard(record):
         fresh = plan.ckpt is None or resumes.config_damaged(plan.out, plan.ckpt)  # a damaged one is rewritten
         record.open(text, plan.data, overwrite=bool(plan.clear) and plan.ckpt is None, fresh=fresh,
@@ -180,7 +184,7 @@ def _train(driver: FitDriver, record: RunRecord, plan: Plan) -> dict[str, Any]:
             return driver.finish()
 
 
-def _start_trackers(record: RunRecord, driver: FitDriver, plan: Plan, text: str) -> None:
+def _start_trackers(record: RunRecord, driver, plan: Plan, text: str) -> None:
     """Reach the trackers asked for (global rank 0): an unreachable one refuses the run before round 1."""
     if not plan.trackers[1] or not record.rank0:
         return
@@ -217,7 +221,7 @@ def data_or_own(data, model) -> Any:
     return model
 
 
-def _annotate(record: RunRecord, driver: FitDriver, plan: Plan) -> None:
+def _annotate(record: RunRecord, driver, plan: Plan) -> None:
     """TensorBoard's hyperparameters (of the rule and loop settings that train) and the run directory's name."""
     record.hparams = recorded.hparams(driver.algorithm, driver.cfg, plan.seed)
     if record.rank0:
@@ -269,7 +273,7 @@ def _check_clients(loop: LoopConfig, num_clients: int | None) -> None:
               f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({num_clients})")
 
 
-def _prepare(fabric, plan: Plan, record: RunRecord) -> FitDriver:
+def _prepare(fabric, plan: Plan, record: RunRecord):
     """The data, set up, then the driver (:meth:`FitDriver.prepare`: task, local optimization, loop, probe, resume):
     everything that may refuse the run, before any file is written."""
     data = plan.data
@@ -281,6 +285,8 @@ def _prepare(fabric, plan: Plan, record: RunRecord) -> FitDriver:
         data.setup(fabric.device, plan.seed)
     fault("setup", 0)
     _check_clients(plan.loop, data.num_clients)
+    from fedlight.engine.driver import FitDriver
+
     return FitDriver.prepare(fabric, plan.model, data, plan.algorithm, plan.loop, plan.seed, plan.out, plan.task,
                              record, resume=None if plan.ckpt is None else (plan.ckpt, plan.ckpt_path),
                              settings=plan.defining, execution=plan.execution)

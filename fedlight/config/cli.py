@@ -36,7 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sharpness": ("fedlight.lab.flatness_cli:cmd_sharpness", "top Hessian eigenvalue, SAM sharpness of a run's model"),
     "verify": ("fedlight.run.verify:cmd_verify", "check a run directory's files: what is intact, which file is "
                "damaged (exit 0 / 2)"),
-    "bench": ("fedlight.lab.bench:cmd_bench", "time fedlight against a minimal PyTorch loop (and at scale): --help"),
+    "bench": ("fedlight.lab.bench:cmd_bench",
+              "time fedlight against a minimal PyTorch loop (and at scale; --peers: and pfl-research)"),
 }
 USAGE = "usage: fedlight <command> [options]\n\ncommands:\n" + "".join(
     f"  {name:<10} {line}\n" for name, (_, line) in COMMANDS.items()) + \
@@ -75,7 +76,8 @@ Recipes to start from: fedlight ls recipes."""
 
 def _parser(prog: str, docs: bool = True):
     """The ``fit`` parser; ``docs``: read field docstrings for the help text (a second of parsing source code, so
-    only when help is asked for)."""
+    only when help is asked for). The schema names no Lightning class (a data module is ``DataModuleLike``, a
+    duck type), so building it imports no Lightning."""
 
     from jsonargparse import ActionConfigFile, ArgumentParser, DefaultHelpFormatter, set_parsing_settings
 
@@ -111,7 +113,8 @@ def _parse(prog: str, argv: list[str]):
 
     argv = flags.resolve_names(argv)
     flags.check_keys(argv)
-    parser = _parser(prog, docs=any(a in ("-h", "--help") or a.startswith("--print_config") for a in argv))
+    helps = any(a in ("-h", "--help") for a in argv)
+    parser = _parser(prog, docs=helps or any(a.startswith("--print_config") for a in argv))
     try:
         plain = [a for a in argv if not a.startswith("--print_config")]  # printed below, with the paper's values
         cfg = parser.parse_args(plain)

@@ -292,7 +292,8 @@ class FederatedDataModule:
         Steps walk epochs over the client's samples, each epoch in a fresh random order, its last batch
         possibly smaller (``drop_last=False``). Randomness comes only from ``generator`` (a CPU
         ``torch.Generator``): first one ``randperm`` per epoch needed, then the augmentation parameters of
-        all samples; both are moved to the device once.
+        all samples; both are moved to the device once. Without augmentation, a round that uses every sample of the
+        client converts the client's samples to model inputs once (not once per batch).
         """
         self._require_setup()
         if num_steps <= 0:
@@ -302,7 +303,13 @@ class FederatedDataModule:
         total = bounds[-1][1]
         aug = self.augmentation if self.augment else None
         params = aug.sample(total, generator).to(self.device) if aug is not None else None
-        rows = idx[order.to(self.device)]
+        order = order.to(self.device)
+        rows = idx[order]
+        if aug is None and total >= len(idx) and self.resize_to is None \
+                and self.memory_format is torch.contiguous_format:  # every sample is used: convert each once
+            xs = self.to_input(self._train_x[idx])  # elementwise, so each batch is the same bits as converted alone
+            yield from ((xs[order[start:end]], self._train_y[rows[start:end]]) for start, end in bounds)
+            return
         for start, end in bounds:
             r = rows[start:end]
             x = self._gather(self._train_x, r)

@@ -525,5 +525,9 @@ def main(argv: list[str] | None = None, prog: str = "tools/bench.py") -> int:
 
 
 def cmd_bench(argv: list[str]) -> int:
-    """``fedlight bench``."""
+    """``fedlight bench`` (``--peers``: :mod:`fedlight.lab.bench_peers`)."""
+    if "--peers" in argv:
+        from fedlight.lab.bench_peers import cmd_peers
+
+        return cmd_peers([a for a in argv if a != "--peers"])
     return main(argv, prog="fedlight bench")

@@ -1,0 +1,226 @@
+"""``fedlight bench --peers``: a recipe's work through fedlight, a minimal PyTorch loop and pfl-research, side by side.
+
+The driver parses the recipe as ``fedlight fit`` does and writes the work once: the initial weights, the data (uint8,
+with the recipe's normalization), every client's index list and the client ids of every round. Each side then runs
+in a fresh process (so start-up counts), in interleaved pairs, and reports its per-round wall times (training and
+evaluation), its peak RSS, its final test accuracy, the digest of the weights it started from and the clients it
+trained. The driver refuses to compare sides whose initial weights or client ids differ.
+
+The fedlight side is ``fedlight fit --config RECIPE`` itself; the minimal side (:func:`minimal`) is the loop a
+researcher would write by hand (one model, one SGD, ``clip_grad_norm_``); the pfl side is
+:mod:`fedlight.lab.bench_pfl`, run by ``--pfl-python`` (pfl-research 0.6.0, the ``bench`` extra; a separate
+virtual environment keeps its pins off the machine's python). No test asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics as st
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fedlight.lab.bench_work import _digest, load_work, mlp_like
+
+SIDES = ("fedlight", "minimal", "pfl")
+RECIPE = "recipes/fedavg_mlp_fmnist_dir0.1.yaml"
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="fedlight bench --peers", description=__doc__.split("\n\n")[0])
+    p.add_argument("--recipe", default=RECIPE, help="a FedAvg recipe with a plain model (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--pairs", type=int, default=5, help="interleaved repetitions of every side")
+    p.add_argument("--pfl-python", default=None, help="python with pfl-research installed (default: this one)")
+    p.add_argument("--smoke", action="store_true", help="2 rounds, 4 clients, 1 local epoch, 1 pair (for the suite)")
+    p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    p.add_argument("--work", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def _overrides(a: argparse.Namespace) -> list[str]:
+    small = ["--loop.clients_per_round", "4", "--loop.local_epochs", "1", "--data.init_args.subset", "2000",
+             "--data.init_args.test_subset", "500"] if a.smoke else []
+    return ["--config", a.recipe, "--loop.rounds", str(2 if a.smoke else a.rounds), *small]
+
+
+def prepare(a: argparse.Namespace, work: Path) -> dict:
+    """Write the work every side shares; return its description (the settings the sides must use)."""
+    import torch
+
+    from fedlight.config.cli import _parse
+    from fedlight.core.sampling import sample_clients
+    from fedlight.errors import check
+
+    kw, _ = _parse("fedlight fit", _overrides(a))
+    loop, data, model = kw["loop"], kw["data"], kw["model"]
+    check(type(model).__name__ == "MLP" and type(kw.get("algorithm")).__name__ in ("FedAvg", "NoneType")
+          and loop.optimizer.rsplit(".", 1)[-1].lower() == "sgd"
+          and loop.lr_schedule.kind in ("exponential", "constant"),
+          f"`--recipe` {a.recipe}: the peer benchmark runs FedAvg of fedlight.models.MLP with SGD and an exponential "
+          "or constant lr; pick such a recipe (e.g. recipes/fedavg_mlp_fmnist_dir0.1.yaml)")
+    data.setup("cpu", kw["seed"])
+    sampled = [sample_clients(data.num_clients, loop.clients_per_round, kw["seed"], r)  # round r + 1 of the run
+               for r in range(loop.rounds)]
+    steps = loop.local_epochs * math.ceil(data.num_samples(sampled[0][0]) / data.batch_size)
+    spec = {"lr": loop.lr, "decay": loop.lr_schedule.decay, "weight_decay": loop.weight_decay, "steps": steps,
+            "clip": float(loop.max_grad_norm), "batch_size": data.batch_size, "epochs": loop.local_epochs,
+            "rounds": loop.rounds, "sampled": sampled, "digest": _digest(model.state_dict())}
+    torch.save({"init": model.state_dict(), "train_x": data._train_x, "train_y": data._train_y,
+                "test_x": data._test_x, "test_y": data._test_y, "scale": data._scale, "shift": data._shift,
+                "parts": data._client_idx, "spec": spec, "model": kw["model"].__class__.__name__}, work / "work.pt")
+    return spec
+
+
+def minimal(work: str, out: dict) -> None:
+    """FedAvg by hand: one model and one SGD reused for every client, per-epoch randperm, joint clip, fp32 mean."""
+    import torch
+    import torch.nn.functional as F
+
+    init, client, (tx, ty), s = load_work(work)
+    model = mlp_like(init).to(ty.device)
+    out["digest"] = _digest(model.state_dict())
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=s["lr"], weight_decay=s["weight_decay"])
+    for r, ids in enumerate(s["sampled"], 1):
+        t = time.perf_counter()
+        x0 = [p.detach().clone() for p in params]
+        total = [torch.zeros_like(p) for p in params]
+        opt.param_groups[0]["lr"] = s["lr"] * s["decay"] ** (r - 1)
+        for cid in ids:
+            x, y = client(cid)
+            torch._foreach_copy_([p.data for p in params], x0)
+            g = torch.Generator().manual_seed(1_000_003 * r + cid)
+            order = torch.cat([torch.randperm(len(y), generator=g) for _ in range(s["epochs"])]).to(y.device)
+            for i in range(s["steps"]):
+                b = order[i * s["batch_size"]:(i + 1) * s["batch_size"]]
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(model(x[b]), y[b]).backward()
+                torch.nn.utils.clip_grad_norm_(params, s["clip"])
+                opt.step()
+            torch._foreach_add_(total, torch._foreach_sub([p.detach() for p in params], x0))
+        torch._foreach_copy_([p.data for p in params], torch._foreach_add(x0, torch._foreach_div(total, len(ids))))
+        with torch.no_grad():
+            out["acc"] = sum((model(tx[i:i + 1000]).argmax(1) == ty[i:i + 1000]).sum().item()
+                             for i in range(0, len(ty), 1000)) / len(ty)
+        out["rounds_s"].append(time.perf_counter() - t)
+        out["sampled"].append(list(ids))
+
+
+def fedlight_side(a: argparse.Namespace, out: dict) -> None:
+    """``fedlight fit`` on the recipe, in this process; rounds from its metrics.jsonl (training + eval + checkpoint)."""
+    from fedlight.config.cli import main
+
+    with tempfile.TemporaryDirectory() as d:
+        code = main(["fit", *_overrides(a), "--out_dir", d])
+        assert code == 0, f"fedlight fit exited {code}"
+        for line in Path(d, "metrics.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            out["rounds_s"].append(row["round_time_s"] + row.get("eval_time_s", 0) + row.get("checkpoint_time_s", 0))
+            out["sampled"].append(row["sampled"])
+            out["acc"] = row["test_acc"]
+    out["digest"] = out["expected_digest"]  # the CLI's own parse of the same recipe and seed built it
+
+
+def child(a: argparse.Namespace) -> int:
+    """One side, in this fresh process: one JSON line on stdout."""
+    out = {"side": a.side, "rounds_s": [], "sampled": []}
+    if a.side == "fedlight":
+        out["expected_digest"] = json.loads(os.environ["FEDLIGHT_BENCH_SPEC"])["digest"]
+        fedlight_side(a, out)
+    elif a.side == "minimal":
+        minimal(a.work, out)
+    else:
+        from fedlight.lab.bench_pfl import run_pfl
+
+        run_pfl(a.work, out)
+    out["rss_mb"] = _peak_rss_mb()
+    print("BENCH " + json.dumps(out), flush=True)
+    return 0
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory: ``VmHWM`` (``ru_maxrss`` would count the parent's memory at the fork)."""
+    try:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
+        return int(line.split()[1]) / 1024
+    except (OSError, StopIteration):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _spawn(a: argparse.Namespace, side: str, work: Path, spec: dict) -> dict:
+    python = a.pfl_python if side == "pfl" and a.pfl_python else sys.executable
+    argv = [python, "-m", "fedlight", "bench", "--peers", "--side", side, "--work", str(work / "work.pt"),
+            "--recipe", a.recipe, "--rounds", str(a.rounds)] + (["--smoke"] if a.smoke else [])
+    env = {**os.environ, "FEDLIGHT_BENCH_SPEC": json.dumps(spec), "OMP_NUM_THREADS": os.environ.get(
+        "OMP_NUM_THREADS", "1")}
+    t = time.perf_counter()
+    res = subprocess.run(argv, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t
+    lines = [x for x in res.stdout.splitlines() if x.startswith("BENCH ")]
+    if res.returncode != 0 or not lines:
+        raise RuntimeError(f"{side} side failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    r = json.loads(lines[-1][6:])
+    r["wall_s"], r["startup_s"] = wall, wall - sum(r["rounds_s"])
+    return r
+
+
+def pfl_available(python: str | None) -> bool:
+    res = subprocess.run([python or sys.executable, "-c", "import pfl"], capture_output=True)
+    return res.returncode == 0
+
+
+def report(runs: dict[str, list[dict]], spec: dict) -> str:
+    """Medians per side, the ratios of the pairs, the accuracies; raises if a side did other work."""
+    for side, rs in runs.items():
+        for r in rs:
+            if r["digest"] != spec["digest"] or r["sampled"] != spec["sampled"]:
+                raise RuntimeError(f"{side}: not the same work (initial weights {r['digest']} vs {spec['digest']}, "
+                                   f"or other client ids)")
+    med = {s: {k: st.median(f(r) for r in rs) for k, f in (
+        ("round", lambda r: st.median(r["rounds_s"])), ("startup", lambda r: r["startup_s"]),
+        ("wall", lambda r: r["wall_s"]), ("rss", lambda r: r["rss_mb"]), ("acc", lambda r: r["acc"]))}
+        for s, rs in runs.items()}
+    lines = ["side      median round s  start-up s  total wall s  peak RSS MB  final test acc"]
+    lines += [f"{s:<9} {m['round']:>14.3f}  {m['startup']:>10.2f}  {m['wall']:>12.2f}  {m['rss']:>11.0f}  "
+              f"{m['acc']:>14.4f}" for s, m in med.items()]
+    for other in ("minimal", "pfl"):
+        if other in runs:
+            pr = [st.median(f["rounds_s"]) / st.median(o["rounds_s"]) for f, o in zip(runs["fedlight"], runs[other])]
+            pw = [f["wall_s"] / o["wall_s"] for f, o in zip(runs["fedlight"], runs[other])]
+            lines.append(f"fedlight / {other}: median round ratio over {len(pr)} pairs {st.median(pr):.3f} "
+                         f"{[round(x, 3) for x in pr]}, total wall {st.median(pw):.3f}")
+    if "pfl" in runs:
+        pr = [st.median(o["rounds_s"]) / st.median(f["rounds_s"]) for f, o in zip(runs["fedlight"], runs["pfl"])]
+        lines.append(f"pfl / fedlight (round): median {st.median(pr):.3f}, fedlight faster in "
+                     f"{sum(x > 1 for x in pr)} of {len(pr)} pairs")
+    return "\n".join(lines)
+
+
+def cmd_peers(argv: list[str]) -> int:
+    a = _args(argv)
+    if a.side:
+        return child(a)
+    sides = ["fedlight", "minimal"] + (["pfl"] if pfl_available(a.pfl_python) else [])
+    if "pfl" not in sides:
+        print("fedlight bench --peers: pfl-research is not installed here (pip install 'pfl==0.6.0', or "
+              "--pfl-python VENV/bin/python): the pfl side is skipped", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as d:
+        spec = prepare(a, Path(d))
+        runs: dict[str, list[dict]] = {s: [] for s in sides}
+        for i in range(1 if a.smoke else a.pairs):
+            for side in sides[i % len(sides):] + sides[:i % len(sides)]:  # the order rotates from pair to pair
+                runs[side].append(_spawn(a, side, Path(d), spec))
+    print(f"recipe {a.recipe}: {spec['rounds']} rounds, {len(spec['sampled'][0])} clients x {spec['steps']} steps "
+          f"of batch {spec['batch_size']}, lr {spec['lr']} decay {spec['decay']}, weight decay "
+          f"{spec['weight_decay']}, clip {spec['clip']}; torch threads {os.environ.get('OMP_NUM_THREADS', '?')}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(report(runs, spec))
+    return 0

@@ -1,0 +1,41 @@
+"""The work ``fedlight bench --peers`` hands every side (one file: initial weights, data, client lists, settings),
+and reading it back; shared by the fedlight, minimal and pfl sides (:mod:`fedlight.lab.bench_peers`,
+:mod:`fedlight.lab.bench_pfl`)."""
+
+from __future__ import annotations
+
+
+def _digest(state: dict) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for k in sorted(state):
+        h.update(k.encode() + state[k].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def mlp_like(init: dict, cls=None):
+    """A ``fedlight.models.MLP`` (or subclass ``cls``) of the shape of the state ``init``, holding ``init``."""
+    from fedlight.models import MLP
+
+    ws = [v for k, v in init.items() if k.endswith("weight")]
+    model = (cls or MLP)(ws[0].shape[1], [w.shape[0] for w in ws[:-1]], ws[-1].shape[0])
+    model.load_state_dict(init)
+    return model
+
+
+def load_work(path: str):
+    """The shared work, on the GPU when there is one (as ``fedlight fit`` and pfl choose): (init state, normalized
+    client data getter, test set, spec)."""
+    import torch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    w = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in torch.load(path, weights_only=True).items()}
+    w["parts"] = [p.to(dev) for p in w["parts"]]
+    norm = (lambda x: x.float() * w["scale"] + w["shift"]) if w["scale"] is not None else (lambda x: x.float())
+
+    def client(cid: int):
+        idx = w["parts"][cid]
+        return norm(w["train_x"][idx]), w["train_y"][idx]
+
+    return w["init"], client, (norm(w["test_x"]), w["test_y"]), w["spec"]
