@@ -4,11 +4,13 @@ damaged input file, stops from the first instruction, no temporary file left beh
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -331,3 +333,41 @@ def test_verify_says_which_file_is_damaged(tmp_path, capsys):
     assert "leftover .config.yaml.x1.tmp: the temporary file of a killed write (removed at the next start)" in lines
     assert "ok       checkpoints/last.ckpt (round 2)" in lines
     assert lines[-1] == f"{out}: 2 damaged files"
+
+
+# ------------------------------------------------------------------------------------------------ issue 50
+def _when_held(ready: Path, change) -> threading.Thread:
+    """A thread that waits for a ``FEDLIGHT_FAULT=...:hold`` to be reached, calls ``change()`` and lets the run go."""
+    def run():
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        change()
+        ready.unlink(missing_ok=True)
+
+    helper = threading.Thread(target=run, daemon=True)
+    helper.start()
+    return helper
+
+
+def test_a_client_state_file_the_run_wrote_and_damaged_mid_run_is_one_line(tmp_path, capsys, monkeypatch):
+    """Every client state spills (budget 0); in round 2 every state file gets one flipped byte: the next client read
+    from one ends the run with one line naming it (exit 2). Before, a file this run wrote was never checked again."""
+    out, ready = tmp_path / "run", tmp_path / "ready"
+    monkeypatch.setenv("FEDLIGHT_FAULT", "train@2:hold")  # after the first client of the 3rd round
+    monkeypatch.setenv("FEDLIGHT_FAULT_READY", str(ready))
+
+    def flip_every_state_file():
+        for f in (out / "client_state" / "rank0").glob("c*.bin"):
+            data = bytearray(f.read_bytes())
+            data[len(data) // 2] ^= 0x01
+            f.write_bytes(bytes(data))
+
+    helper = _when_held(ready, flip_every_state_file)
+    assert _fit(out, 3, "--loop.state_budget_mb", "0") == 2
+    helper.join(5)
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+    assert len(err) == 1, err
+    assert re.search(r"client \d+'s state file \S+/client_state/rank0/c\d+-\w+-\d+-\w+\.bin is damaged: its bytes "
+                     r"differ from the ones written \(CRC-32 mismatch\)", err[0]), err
+    assert _rounds(out) == [1, 2]  # held in the third round (0-based 2)
