@@ -51,14 +51,11 @@ def foreign(out: Path) -> list[str]:
 
 def _why(path: Path, ours_config: bool = False) -> str | None:
     """Why ``path`` is not a file fedlight wrote (``None``: it is)."""
-    from fedlight.run.atomic import SEAL, SEAL_LEN
+    from fedlight.run.atomic import seal_of
 
     try:
         if path.name == "final_model.pt":  # sealed; one from before the seals only beside fedlight's config.yaml
-            with open(path, "rb") as f:
-                f.seek(max(0, path.stat().st_size - SEAL_LEN))
-                data = f.read()
-            return None if data.startswith(SEAL) or ours_config else "it carries no fedlight seal"
+            return None if seal_of(path) or ours_config else "it carries no fedlight seal"
         text = path.read_text(encoding="utf-8")
         if path.name == "config.yaml":
             import yaml

@@ -371,3 +371,40 @@ def test_a_client_state_file_the_run_wrote_and_damaged_mid_run_is_one_line(tmp_p
     assert re.search(r"client \d+'s state file \S+/client_state/rank0/c\d+-\w+-\d+-\w+\.bin is damaged: its bytes "
                      r"differ from the ones written \(CRC-32 mismatch\)", err[0]), err
     assert _rounds(out) == [1, 2]  # held in the third round (0-based 2)
+
+
+@pytest.mark.parametrize("copied", ["summary.json", "config.yaml", "final_model.pt", "checkpoints/prev.ckpt"])
+def test_verify_refuses_another_runs_sealed_file_copied_in(copied, two_runs, tmp_path, capsys):
+    """Issue 50: each seal proved its own bytes only; the files of two runs of one recipe (another seed) are now
+    bound to their run by the run identity config.yaml, summary.json and the checkpoints record, and final_model.pt
+    by the seal summary.json records."""
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    shutil.copytree(two_runs[0], mine)
+    shutil.copytree(two_runs[1], theirs)
+    capsys.readouterr()
+    assert main(["verify", str(mine)]) == 0
+    shutil.copy(theirs / copied, mine / copied)
+    assert main(["verify", str(mine)]) == 2
+    lines = capsys.readouterr().out.strip().splitlines()
+    bad = [ln for ln in lines if ln.startswith("damaged") and "client_state/" not in ln]  # (prev.ckpt: its files)
+    assert len(bad) == 1 and bad[0].startswith(f"damaged  {copied}: it is another run's"), lines
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("two")
+    assert _fit(root / "a", 2) == 0 and _fit(root / "b", 2, "--seed", "1") == 0
+    return root / "a", root / "b"
+
+
+def test_verify_reports_a_missing_config_and_a_finished_runs_missing_summary(two_runs, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(two_runs[0], out)
+    (out / "config.yaml").unlink()
+    (out / "summary.json").unlink()
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 2
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "damaged  config.yaml: it is missing (every run writes it before round 1)" in lines, lines
+    assert "damaged  summary.json: it is missing, though the run finished (it wrote final_model.pt)" in lines, lines
+    assert lines[-1] == f"{out}: 2 damaged files"
