@@ -8,9 +8,9 @@ with the round as the step, then ``summary/*`` figures and the run's files as ar
 
 ``trackers.json`` in the run directory is the one place a tracker's run id lives (``{name: {"id", "logged"}}``,
 ``logged``: the last round it holds). A round is sent once its checkpoint is on disk, so a tracker holds exactly
-``metrics.jsonl``'s numbers; a resume continues the same tracker run and sends only the rows it lacks. Unreachable at
-start: :class:`ConfigError` (exit 2) before round 1; failing later: one warning line, training goes on, and
-``summary.json`` lists the rounds it missed.
+``metrics.jsonl``'s numbers; a resume continues the same tracker run and sends only the rows it lacks (for W&B, the
+rows its local run files lack: :mod:`fedlight.run.wandb_files`). Unreachable at start: :class:`ConfigError` (exit 2)
+before round 1; failing later: one warning line, training goes on, and ``summary.json`` lists the rounds it missed.
 """
 
 from __future__ import annotations
