@@ -89,3 +89,25 @@ def test_print_config_shows_the_paper_lr(capsys):
     with pytest.raises(SystemExit):
         cli.main(["fit", "--config", TINY, "--algorithm", "fedadamw", "--print_config"])
     assert "lr: 0.0003" in capsys.readouterr().out
+
+
+def test_an_explicit_lr_from_python_is_used_even_at_sgds_value(capsys):
+    """Issue 50: LoopConfig(lr=0.1) passed to fedlight.fit with FedAdamW trained at 3e-4 (0.1 was the default and
+    could not be told from it). The default is now unset (None): the rule's own."""
+    from fedlight.config.advice import python_defaults
+
+    adamw, fedavg = fedlight.create("fedadamw"), fedlight.create("fedavg")
+    assert python_defaults(adamw, LoopConfig(lr=0.1)).lr == 0.1 and "note" not in capsys.readouterr().err
+    assert python_defaults(adamw, LoopConfig()).lr == pytest.approx(3e-4)
+    assert "`loop.lr` set to 0.0003, FedAdamW's paper value (unset" in capsys.readouterr().err
+    assert python_defaults(fedavg, LoopConfig()).lr == 0.1 and LoopConfig().lr is None
+    assert LoopConfig().for_rule(adamw).lr == pytest.approx(3e-4) and LoopConfig(lr=0.2).for_rule(adamw).lr == 0.2
+
+
+@pytest.mark.parametrize("algorithm,lr", [(None, 0.1), ("fedadamw", 3e-4)])
+def test_a_recipe_without_lr_records_the_rules_own(algorithm, lr, tmp_path):
+    recipe = tmp_path / "no_lr.yaml"
+    recipe.write_text("\n".join(ln for ln in Path(TINY).read_text().splitlines() if "lr:" not in ln) + "\n")
+    kwargs, text = cli._parse("fedlight fit", ["--config", str(recipe), *(["--algorithm", algorithm] if algorithm
+                                                                           else [])])
+    assert kwargs["loop"].lr == pytest.approx(lr) and f"lr: {lr}" in text

@@ -21,6 +21,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from fedlight.core.loop_config import SGD_LR
 from fedlight.core.scale import Scale, ScaleWarning, scales_of
 
 
@@ -96,29 +97,31 @@ def paper_defaults(cfg: Any, argv: list[str]) -> list[str]:
     import sys
 
     path = cfg.get("algorithm.class_path") if cfg.get("algorithm") is not None else None
-    if not path:
-        return []
+    if not path:  # the default rule (FedAvg): SGD's
+        return ["--loop.lr", repr(SGD_LR)] if cfg.get("loop.lr") is None else []
     module, _, name = path.rpartition(".")
     cls = getattr(importlib.import_module(module), name)
     switched = any(a.partition("=")[0] == "--algorithm" for a in argv)
     extra: list[str] = []
     for s in scales_of(cls):
         value = _cfg_value(cfg, cls, s)
-        if not _outside(s, value) or _on_command_line(argv, s.key) or (_in_recipes(argv, s.key) and not switched):
+        unset = value is None and s.key == "loop.lr"
+        if not (unset or _outside(s, value)) or _on_command_line(argv, s.key) or (_in_recipes(argv, s.key)
+                                                                                  and not switched):
             continue
-        origin = (f"the recipe's {value:g} was set for another rule" if _in_recipes(argv, s.key)
+        origin = ("unset" if unset else f"the recipe's {value:g} was set for another rule" if _in_recipes(argv, s.key)
                   else f"the default {value:g} suits SGD-type rules")
         print(f"fedlight: note: `{s.key}` set to {s.paper:g}, {cls.__name__}'s paper value ({origin}; "
               f"{cls.__name__} trains in [{s.low:g}, {s.high:g}]); pass `--{s.key}` to choose", file=sys.stderr)
         extra += [f"--{s.key}", repr(s.paper)]
-    return extra
+    return extra + (["--loop.lr", repr(SGD_LR)] if cfg.get("loop.lr") is None and "--loop.lr" not in extra else [])
 
 
 def python_defaults(algorithm: Any, loop: Any) -> Any:
     """``loop`` for a :func:`fedlight.fit` call from Python, with each declared ``loop.*`` setting of ``algorithm``
-    that is still at the :class:`LoopConfig` default and outside the rule's range given its paper value, said on
-    stderr as the command line says it (a value the caller chose, i.e. not the default, is kept and warned
-    about by :func:`check_scales`)."""
+    that is unset (``None``, ``loop.lr``'s default) given its paper value, said on stderr as the command line says it,
+    and an unset ``loop.lr`` of a rule that declares none :data:`SGD_LR` (a value the caller chose is always kept,
+    and warned about by :func:`check_scales` when outside the rule's range)."""
     import dataclasses
     import sys
 
@@ -128,10 +131,10 @@ def python_defaults(algorithm: Any, loop: Any) -> Any:
         if not s.key.startswith("loop.") or name not in getattr(loop, "__dataclass_fields__", {}):
             continue
         value, default = getattr(loop, name), type(loop).__dataclass_fields__[name].default
-        if value == default and _outside(s, value):
+        if value is None or value == default and _outside(s, value):  # unset: the caller did not choose it
             cls = type(algorithm).__name__
-            print(f"fedlight: note: `{s.key}` set to {s.paper:g}, {cls}'s paper value (the default {value:g} suits "
-                  f"SGD-type rules; {cls} trains in [{s.low:g}, {s.high:g}]); pass another `{s.key}` to choose",
-                  file=sys.stderr)
+            print(f"fedlight: note: `{s.key}` set to {s.paper:g}, {cls}'s paper value (unset; {cls} trains in "
+                  f"[{s.low:g}, {s.high:g}]); pass `{s.key}` to choose", file=sys.stderr)
             changes[name] = s.paper
-    return dataclasses.replace(loop, **changes) if changes else loop
+    loop = dataclasses.replace(loop, **changes) if changes else loop
+    return loop.for_rule(algorithm) if hasattr(loop, "for_rule") else loop

@@ -177,7 +177,7 @@ def _train(driver, record: RunRecord, plan: Plan) -> dict[str, Any]:
     with stops.disk_guard(record):
         fresh = plan.ckpt is None or resumes.config_damaged(plan.out, plan.ckpt)  # a damaged one is rewritten
         record.open(text, plan.data, overwrite=bool(plan.clear) and plan.ckpt is None, fresh=fresh,
-                    tensorboard=plan.trackers[0])
+                    tensorboard=plan.trackers[0], run_id=driver.loop.state.run_id)
         launch.agree(driver.loop.fabric, lambda: _start_trackers(record, driver, plan, text))  # before round 1
         with stops.stop_signals():
             driver.fit()

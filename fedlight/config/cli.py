@@ -266,6 +266,21 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("fedlight: interrupted; finished rounds are kept (resume with --resume auto)", file=sys.stderr)
         return 130
+    except RuntimeError as e:  # a collective whose peer died (rank 0 killed): one line, not gloo's traceback
+        why = _peer_lost(e)
+        if why is None:
+            raise
+        print(f"fedlight {cmd}: error: process {_rank()} of the run lost another one ({why}); it stops too. The run "
+              "directory keeps the last checkpoint: `--resume auto` continues it", file=sys.stderr, flush=True)
+        return 1
+
+
+def _peer_lost(e: RuntimeError) -> str | None:
+    """What a collective's error says, when it is that another process of the run is gone (``None``: another)."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if not re.search(r"gloo|nccl|connection (closed|reset) by peer|remote worker", text, re.IGNORECASE):
+        return None
+    return re.sub(r"^\[[^\]]*\]\s*", "", text).split(". ")[0][:160]  # gloo: [file:line] Connection closed by ...
 
 
 def _rank() -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlight.errors import ConfigError
-from fedlight.run import side_files
+from fedlight.run import cleanup, side_files
 from fedlight.run.directory import LOCK_NAME, check_out_dir, differences, load_resume
 from fedlight.run.files import check_metrics, load_checkpoint
 from fedlight.run.record import RUN_FILES
@@ -75,7 +75,16 @@ def check_existing(out: Path, resume: str | None, overwrite: bool) -> bool | str
     """A fresh run refuses a directory that holds another run unless told to overwrite it (cleared later, under the
     lock, by the run record). A directory whose run finished no round is not a run: it is reused (cleared too).
     Returns whether the directory is to be cleared (``"reuse"``: cleared, with a note once the lock is held)."""
-    if not out.exists() or not any(p.name != LOCK_NAME for p in out.iterdir()) or resume is not None:
+    if not out.exists() or not any(p.name != LOCK_NAME for p in out.iterdir()):
+        return overwrite
+    theirs = cleanup.foreign(out)
+    continued = resume is not None and any((out / "checkpoints" / n).exists() for n in ("last.ckpt", "prev.ckpt"))
+    if theirs and not continued:  # a fresh run there would replace them, `--overwrite` delete them: never
+        them = "it" if len(theirs) == 1 else "them"
+        raise ConfigError(f"`out_dir` {out} holds {'a file' if len(theirs) == 1 else 'files'} named like fedlight's "
+                          f"that fedlight did not write: {', '.join(theirs)}; move {them} away or choose another "
+                          "`--out_dir`")
+    if resume is not None:
         return overwrite
     if _no_round_finished(out):
         return "reuse"

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from fedlight.core.scale import scales_of
 from fedlight.errors import check
+
+SGD_LR = 0.1
+"""``loop.lr`` left unset, for a rule that declares no learning-rate scale of its own (SGD-type rules)."""
 
 AUTO_CLIP = 10.0
 """``loop.max_grad_norm: auto`` for fedlight's own models (a LightningModule: no clip)."""
@@ -91,8 +96,8 @@ class LoopConfig:
     """Local epochs E: K = E·⌈n_i/B⌉ steps. Exactly one of local_epochs / local_steps is set (default E = 1)."""
     local_steps: int | None = None
     """Local steps K per round (fixed, independent of client size)."""
-    lr: float = 0.1
-    """Local learning rate η_0."""
+    lr: float | None = None
+    """Local lr η_0; unset: the rule's own (FedAdamW 3e-4, else 0.1)."""
     lr_schedule: LRSchedule = field(default_factory=LRSchedule)
     """Round schedule of the local learning rate."""
     local_lr_schedule: Literal["constant", "cosine"] = "constant"
@@ -180,6 +185,14 @@ class LoopConfig:
         extra = {"momentum": self.momentum} if "momentum" in _init_params(cls) else {}
         return functools.partial(cls, weight_decay=self.weight_decay, **extra, **self.optimizer_args)
 
+    def for_rule(self, algorithm: Any) -> LoopConfig:
+        """This config with an unset ``lr`` given ``algorithm``'s own: its declared paper value, else
+        :data:`SGD_LR`."""
+        if self.lr is not None:
+            return self
+        return dataclasses.replace(self, lr=next((s.paper for s in scales_of(algorithm) if s.key == "loop.lr"),
+                                                 SGD_LR))
+
     def __post_init__(self) -> None:
         for name in ("rounds", "clients_per_round", "eval_every", "save_every"):
             v = getattr(self, name)
@@ -196,12 +209,12 @@ class LoopConfig:
         unknown = sorted(given - _init_params(opt) | given & {"params", "lr", "weight_decay"})
         check(not unknown, f"`loop.optimizer_args` {unknown} are not arguments {self.optimizer} takes from there "
               "(lr comes from `loop.lr`, weight decay from `loop.weight_decay`)")
-        check(0 < self.lr <= MAX_LR, f"`loop.lr` must be positive and at most {MAX_LR:g} (float32 parameters "
-              f"overflow beyond ~3.4e38), got {self.lr}")
+        check(self.lr is None or 0 < self.lr <= MAX_LR, f"`loop.lr` must be positive and at most {MAX_LR:g} "
+              f"(float32 parameters overflow beyond ~3.4e38), got {self.lr}")
         check(self.local_lr_schedule in ("constant", "cosine"),
               f"`loop.local_lr_schedule` must be 'constant' or 'cosine', got {self.local_lr_schedule!r}")
-        check(0 <= self.local_lr_eta_min < self.lr, f"`loop.local_lr_eta_min` must be in [0, loop.lr = {self.lr}), "
-              f"got {self.local_lr_eta_min}")
+        check(0 <= self.local_lr_eta_min < (math.inf if self.lr is None else self.lr),
+              f"`loop.local_lr_eta_min` must be in [0, loop.lr = {self.lr}), got {self.local_lr_eta_min}")
         check(0 <= self.momentum < 1, f"`loop.momentum` must be in [0, 1), got {self.momentum}")
         check(self.momentum == 0 or "momentum" in _init_params(opt),
               f"`loop.momentum` ({self.momentum}) is not an argument of `loop.optimizer` {self.optimizer}; "

@@ -109,7 +109,7 @@ class ClientStateStore:
         self.budget = budget_bytes
         self._mem: OrderedDict[int, tuple[dict[str, Any], int]] = OrderedDict()  # (state, bytes), oldest first
         self.mem_bytes = 0
-        self._disk: dict[int, dict[str, Any]] = {}  # cid → {spec, path, nbytes, crc, owned, verified}
+        self._disk: dict[int, dict[str, Any]] = {}  # cid → {spec, path, nbytes, crc, owned}
         self._specs: dict[tuple, tuple] = {}
         self._token, self._count = secrets.token_hex(4), 0
         self._unsynced: set[Path] = set()
@@ -202,8 +202,7 @@ class ClientStateStore:
         path = tmp.with_name(f"{tmp.stem}-{crc:08x}.bin")  # the name carries the CRC: checkable with no checkpoint
         os.replace(tmp, path)
         self._unsynced.add(path)
-        self._disk[client_id] = {"spec": spec, "path": path, "nbytes": end, "crc": crc, "owned": True,
-                                 "verified": True}
+        self._disk[client_id] = {"spec": spec, "path": path, "nbytes": end, "crc": crc, "owned": True}
 
     def _read(self, client_id: int, device: torch.device | str) -> dict[str, Any]:
         e = self._disk[client_id]
@@ -214,11 +213,10 @@ class ClientStateStore:
             raise DamagedFile(f"client {client_id}'s state file {e['path']} is damaged: it is missing or truncated "
                               f"({str(err).splitlines()[0][:120]}); continue with `--resume auto`, which checks every "
                               "file a checkpoint names before round 1") from None
-        if not e["verified"] and zlib.crc32(buf.numpy()) != e["crc"]:
+        if zlib.crc32(buf.numpy()) != e["crc"]:  # every read: a file this run wrote can be damaged since too
             raise DamagedFile(f"client {client_id}'s state file {e['path']} is damaged: its bytes differ from the ones "
                               "written (CRC-32 mismatch); continue with `--resume auto`, which checks every file a "
                               "checkpoint names before round 1")
-        e["verified"] = True
         offsets: list[tuple[int, torch.dtype, tuple]] = []
         _layout(e["spec"], offsets)
         tensors = [buf[p: p + d.itemsize * int(torch.Size(s).numel())].view(d).view(s).to(device, copy=True)
@@ -282,7 +280,7 @@ class ClientStateStore:
             owned = self.spill_dir is not None and path.parent == self.spill_dir
             spec = _intern(self._specs, e["spec"])
             self._disk[int(cid)] = {"spec": spec, "path": path, "nbytes": e["nbytes"], "crc": e["crc"],
-                                    "owned": owned, "verified": False}
+                                    "owned": owned}
             referenced.add(path)
         # The checkpoint before this one (checkpoints/prev.ckpt, the fallback) names these: kept until two later
         # checkpoints no longer do, as in the run that wrote them; then deleted like any superseded file.

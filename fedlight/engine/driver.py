@@ -176,6 +176,7 @@ class FitDriver:
         task = loop.task
         summary = summarize(record.rows, loop.cfg.targets, loop.state.totals_now(),
                             (task.headline_key, task.higher_is_better))
+        summary["run_id"] = loop.state.run_id  # config.yaml and the checkpoints carry it too (fedlight verify)
         summary["metric_directions"] = task.directions()  # what `fedlight report` reads a best_ value by
         if self.diverged_at is not None:
             summary["diverged_at_round"] = self.diverged_at

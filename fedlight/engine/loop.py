@@ -91,6 +91,7 @@ class FederatedLoop:
 
     def __init__(self, fabric, model: nn.Module, data, algorithm: Algorithm, cfg: LoopConfig, seed: int,
                  out_dir: Path, task: Task, optimizer: OptimizerFactory | None = None) -> None:
+        cfg = cfg.for_rule(algorithm)  # an unset loop.lr: the rule's own
         self.fabric, self.data, self.algorithm, self.cfg, self.seed = fabric, data, algorithm, cfg, seed
         self.task = task
         self.task.setup(data)  # learns what it needs from the data (e.g. the number of classes)

@@ -10,6 +10,7 @@ with any other key, or without one of them, is refused.
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,9 +25,11 @@ from fedlight.run.files import CHECKPOINT_FORMAT, cpu_copy, meta_differences, to
 from fedlight.run.record import dumps
 
 CHECKPOINT_KEYS = ("format", "round", "params", "buffers", "int_buffers", "server", "store", "totals", "meta",
-                   "settings", "segments", "last_row")
+                   "settings", "segments", "last_row", "run_id")
 """Every key of a checkpoint (format 1), written by :meth:`LoopState.snapshot` and read by :meth:`LoopState.restore`;
 a new key is added here and in both methods."""
+OPTIONAL_KEYS = ("run_id",)
+"""Keys a checkpoint written before them lacks (it resumes as before)."""
 
 
 def _totals() -> dict[str, Any]:
@@ -61,6 +64,9 @@ class LoopState:
     """The settings that define the run (a resume must agree on them; empty: not known)."""
     segments: list[dict[str, Any]] = field(default_factory=list)
     """The execution-only settings of each stretch of the run (:meth:`begin_segment`)."""
+    run_id: str = field(default_factory=lambda: secrets.token_hex(8))
+    """The run's identity, kept through every resume: config.yaml, summary.json and each checkpoint carry it, so
+    ``fedlight verify`` tells another run's file copied in (a checkpoint from before it: a new one from the resume)."""
     clock: float | None = field(default=None, repr=False)
     """``time.perf_counter()`` when this process's first round began (``None``: not yet); not checkpointed."""
 
@@ -96,6 +102,7 @@ class LoopState:
             "settings": _text(self.settings),
             "segments": json.dumps(self.segments),
             "last_row": dumps(self.last_row) if self.last_row is not None else "",
+            "run_id": self.run_id,
         }
 
     def restore(self, ckpt: dict[str, Any], device: Any) -> None:
@@ -116,6 +123,7 @@ class LoopState:
         self.settings = json.loads(ckpt["settings"])
         self.segments = json.loads(ckpt["segments"])
         self.last_row = json.loads(ckpt["last_row"]) if ckpt["last_row"] else None
+        self.run_id = ckpt.get("run_id") or self.run_id
 
 
 def _text(value: Any) -> str:
@@ -125,7 +133,7 @@ def _text(value: Any) -> str:
 def key_problem(ckpt: dict[str, Any]) -> str:
     """Why ``ckpt``'s keys are not a checkpoint's (unknown or missing ones, named), or ``""``."""
     unknown = sorted(set(ckpt) - set(CHECKPOINT_KEYS))
-    missing = [k for k in CHECKPOINT_KEYS if k not in ckpt]
+    missing = [k for k in CHECKPOINT_KEYS if k not in ckpt and k not in OPTIONAL_KEYS]
     if not unknown and not missing:
         return ""
     what = "; ".join(([f"has keys this fedlight does not know: {', '.join(unknown)}"] if unknown else [])

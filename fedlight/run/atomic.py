@@ -182,6 +182,14 @@ def check_sealed(path: Path) -> str | None:
     return None
 
 
+def seal_of(path: Path) -> str | None:
+    """The SHA-256 a sealed file's seal records (``None``: it has none)."""
+    with open(path, "rb") as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - SEAL_LEN))
+        tail = f.read()
+    return tail[len(SEAL):].decode() if tail.startswith(SEAL) else None
+
+
 def _check_zip(path: Path) -> str | None:
     try:
         with zipfile.ZipFile(path) as z:

@@ -4,13 +4,18 @@ fedlight's files are known by name: ``config.yaml``, ``metrics.jsonl``, ``summar
 ``trackers.json``, ``checkpoints/{last,prev}.ckpt``, TensorBoard's ``tb/**/events.out.tfevents.*``, the CSV
 tracker's ``csv/**/{metrics.csv,hparams.yaml}``, the W&B tracker's folder ``wandb/``, the client states
 ``client_state/rank<r>/c*-*-*.{bin,tmp}`` and the temporary ``.<name>.*.tmp`` of a killed write beside any of them.
-A folder left empty is removed; any other file stays, and is named.
+A folder left empty is removed; any other file stays, and is named. A file of one of those names that fedlight did
+not write (:func:`foreign`: a ``config.yaml`` without fedlight's digest line or recipe keys, a ``summary.json``
+without its digest, ...) is never touched: the run is refused before it starts, naming the file.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+
+from fedlight.run import side_files
 
 TOP = ("config.yaml", "metrics.jsonl", "summary.json", "final_model.pt", "trackers.json")
 FOLDERS = ("checkpoints", "tb", "client_state", "csv", "wandb")
@@ -28,6 +33,44 @@ def fedlight_files(out: Path) -> list[Path]:
     for pattern in ("rank*/c*-*-*.bin", "rank*/c*-*-*.tmp"):
         found += [p for p in (out / "client_state").glob(pattern) if p.is_file()]
     return found
+
+
+def foreign(out: Path) -> list[str]:
+    """``"<file> (why)"`` for each top-level file of ``out`` named like one of fedlight's that fedlight did not write:
+    its content carries neither fedlight's seal nor the shape of a file it wrote before the seals."""
+    config = out / "config.yaml"
+    ours_config = config.is_file() and _why(config) is None
+    found = []
+    for name in TOP:
+        path = out / name
+        why = _why(path, ours_config) if path.is_file() else None
+        if why is not None:
+            found.append(f"{name} ({why})")
+    return found
+
+
+def _why(path: Path, ours_config: bool = False) -> str | None:
+    """Why ``path`` is not a file fedlight wrote (``None``: it is)."""
+    from fedlight.run.atomic import seal_of
+
+    try:
+        if path.name == "final_model.pt":  # sealed; one from before the seals only beside fedlight's config.yaml
+            return None if seal_of(path) or ours_config else "it carries no fedlight seal"
+        text = path.read_text(encoding="utf-8")
+        if path.name == "config.yaml":
+            import yaml
+
+            value = yaml.safe_load(text)
+            ours = side_files.TAG in text or isinstance(value, dict) and {"model", "data", "loop"} <= value.keys()
+        elif path.name == "metrics.jsonl":
+            ours = not text or "round" in json.loads(text.splitlines()[0])
+        elif path.name == "summary.json":
+            ours = bool({side_files.KEY, "rounds_completed"} & json.loads(text).keys())
+        else:  # trackers.json: {name: {"id", "logged"}}
+            ours = all(isinstance(v, dict) and "id" in v for v in json.loads(text).values())
+    except Exception:  # noqa: BLE001 - unreadable, not UTF-8, not YAML/JSON, not a mapping: not fedlight's
+        ours = False
+    return None if ours else "its content is not what fedlight writes"
 
 
 def clear(out: Path) -> list[Path]:

@@ -113,9 +113,9 @@ class RunRecord:
             self.lock.acquire()
 
     def open(self, config_text: str | None, data: Any = None, overwrite: bool = False, fresh: bool = True,
-             tensorboard: bool = True) -> None:
-        """First writes of the run (after every check): clear on ``overwrite``, ``config.yaml`` (a fresh run only),
-        TensorBoard config and partition."""
+             tensorboard: bool = True, run_id: str | None = None) -> None:
+        """First writes of the run (after every check): clear on ``overwrite``, ``config.yaml`` (a fresh run only;
+        with the run's identity ``run_id``), TensorBoard config and partition."""
         self.tensorboard, self.opened = tensorboard, True
         if not self.rank0:
             return
@@ -126,7 +126,7 @@ class RunRecord:
             for folder in (self.out, self.out / "checkpoints"):  # torn writes of a killed run
                 atomic.remove_leftovers(folder)
             if config_text is not None and (fresh or not (self.out / "config.yaml").exists()):
-                atomic.atomic_write_text(self.out / "config.yaml", side_files.seal_config(config_text))
+                atomic.atomic_write_text(self.out / "config.yaml", side_files.seal_config(config_text, run_id))
         if tensorboard:  # off the critical path: importing TensorBoard and drawing the partition take ~0.5 s
             self.writer.submit(lambda: self._open_tensorboard(config_text, data))
 
@@ -225,6 +225,7 @@ class RunRecord:
         if final_state is not None:
             with _disk_errors(self.out / "final_model.pt"):
                 atomic.atomic_torch_save(final_state, self.out / "final_model.pt")
+            summary["final_model_sha256"] = atomic.seal_of(self.out / "final_model.pt")  # binds it to this summary
         if self.trackers is not None:
             summary["trackers"] = self.trackers.report()  # run ids, rounds a failing tracker missed
         with _disk_errors(self.out / "summary.json"):

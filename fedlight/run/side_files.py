@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 TAG = "# fedlight-sha256: "
+RUN_TAG = "# fedlight-run: "
 KEY = "fedlight_sha256"
 UNSEALED = "it carries no digest (edited, or not written by fedlight)"
 
@@ -30,10 +31,22 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def seal_config(text: str) -> str:
-    """``config.yaml``'s text with its digest line."""
+def seal_config(text: str, run_id: str | None = None) -> str:
+    """``config.yaml``'s text with the run's identity (a comment line) and its digest line."""
     text = text if text.endswith("\n") or not text else text + "\n"
+    text += f"{RUN_TAG}{run_id}\n" if run_id else ""
     return f"{text}{TAG}{_sha(text)}\n"
+
+
+def run_id(path: Path) -> str | None:
+    """The run identity ``config.yaml`` or ``summary.json`` at ``path`` records (``None``: none, or unreadable)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".json":
+            return json.loads(text).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return next((line[len(RUN_TAG):].strip() for line in text.splitlines() if line.startswith(RUN_TAG)), None)
 
 
 def seal_summary(summary: dict[str, Any]) -> str:

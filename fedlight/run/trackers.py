@@ -8,9 +8,9 @@ with the round as the step, then ``summary/*`` figures and the run's files as ar
 
 ``trackers.json`` in the run directory is the one place a tracker's run id lives (``{name: {"id", "logged"}}``,
 ``logged``: the last round it holds). A round is sent once its checkpoint is on disk, so a tracker holds exactly
-``metrics.jsonl``'s numbers; a resume continues the same tracker run and sends only the rows it lacks. Unreachable at
-start: :class:`ConfigError` (exit 2) before round 1; failing later: one warning line, training goes on, and
-``summary.json`` lists the rounds it missed.
+``metrics.jsonl``'s numbers; a resume continues the same tracker run and sends only the rows it lacks (for W&B, the
+rows its local run files lack: :mod:`fedlight.run.wandb_files`). Unreachable at start: :class:`ConfigError` (exit 2)
+before round 1; failing later: one warning line, training goes on, and ``summary.json`` lists the rounds it missed.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 from fedlight.core.registry import closest
 from fedlight.errors import ConfigError
-from fedlight.run import atomic, faults
+from fedlight.run import atomic, faults, wandb_files
 from fedlight.run.directory import flatten
 from fedlight.run.files import round_ranges
 
@@ -107,11 +107,11 @@ class Trackers:
         """Build each logger (continuing its stored run) and reach it: params and tags for a new run. Unreachable:
         one :class:`ConfigError` line."""
         for e in self.entries:
-            name, known = e["name"], self.state.get(e["name"], {})
+            name, known = e["name"], self._held(e, self.state.get(e["name"], {}))
             try:
                 logger = e.get("logger") or self._build(e, known.get("id"))
                 run_id = _run_id(logger)  # connects: creates or opens the tracker's run
-                if known.get("id") is None:
+                if known.get("id") is None or known.get("describe"):
                     self._describe(logger)
                 elif hasattr(logger.experiment, "update_run"):  # MLflow: a stopped run is running again
                     logger.experiment.update_run(run_id, status="RUNNING")
@@ -126,12 +126,30 @@ class Trackers:
             self.state[name] = {"id": run_id, "logged": known.get("logged", 0) if known.get("id") else 0}
         self._save()
 
+    def _held(self, e: dict[str, Any], known: dict[str, Any]) -> dict[str, Any]:
+        """A W&B run's ``known`` state as its local files hold it: W&B buffers what it accepted, so a kill loses
+        rounds ``trackers.json`` counted as sent; the rounds after the ones its files hold are sent again (and the
+        config, if they lack it)."""
+        if not e["name"].startswith("wandb") or known.get("id") is None:
+            return known
+        save_dir = e["init_args"].get("save_dir") or self._defaults(e["name"])["save_dir"]
+        held = wandb_files.rounds_held(Path(save_dir), str(known["id"]))
+        if held is None:  # no file to tell by (moved elsewhere): trust trackers.json
+            return known
+        upto = 0
+        while upto + 1 in held[0]:
+            upto += 1
+        return {**known, "logged": min(int(known.get("logged", 0)), upto), "describe": not held[1]}
+
     def _build(self, e: dict[str, Any], run_id: str | None):
         module, _, cls_name = e["class_path"].rpartition(".")
         cls = getattr(importlib.import_module(module), cls_name)  # an error here is "cannot start" (see start)
         params = inspect.signature(cls).parameters
         ours = e["name"].startswith(("mlflow", "wandb"))  # WandbLogger hands **kwargs to wandb.init
         args = {**{k: v for k, v in self._defaults(e["name"]).items() if ours or k in params}, **e["init_args"]}
+        uri = str(args.get("tracking_uri") or "")
+        if e["name"].startswith("mlflow") and uri.startswith("sqlite:///") and not args.get("artifact_location"):
+            args["artifact_location"] = _beside(uri)  # else MLflow puts them in ./mlruns of the working directory
         resume_arg = next((a for a in RESUME_ARGS if a in params), None)
         if run_id is not None and resume_arg is not None:
             args[resume_arg] = run_id
@@ -192,7 +210,8 @@ class Trackers:
             if name in self.failed or step <= self.state[name]["logged"]:
                 continue
             try:
-                logger.log_metrics(numbers, step=step)
+                with _quiet():
+                    logger.log_metrics(numbers, step=step)
                 self.state[name]["logged"] = step
                 sent = True
             except Exception as err:  # noqa: BLE001 - a tracker never stops training
@@ -225,21 +244,26 @@ class Trackers:
                 for f in (self.out / a for a in e["artifacts"]):
                     if f.is_file():
                         _upload(logger, f, self.out)
+                files = Path(logger.experiment.dir) if _is_wandb(logger) else None
                 _end(logger, "success")
+                if files is not None:  # W&B links the uploaded files by absolute path: relative, the run can move
+                    wandb_files.relink(files, self.out)
                 self.loggers.pop(name)
             except Exception as err:  # noqa: BLE001
                 print(f"fedlight: warning: tracker {name} failed at the end ({_line(err)}); the run's files are in "
                       f"{self.out}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        """Stop the thread; a tracker run left unfinished (stop, failure) is marked so (MLflow: KILLED)."""
+        """Stop the thread; a tracker run left unfinished is marked so where the tracker still takes it (MLflow:
+        FAILED for a tracker that failed, KILLED for a stopped run)."""
         if self.writer.wait in faults.DRAIN:
             faults.DRAIN.remove(self.writer.wait)
         with contextlib.suppress(Exception):  # its failures were reported where they happened
             self.writer.close()
-        for logger in self.loggers.values():
-            with contextlib.suppress(Exception):  # the tracker is gone; the run's files are what counts
-                _end(logger, "KILLED" if hasattr(logger, "run_id") else "failed")
+        for name, logger in self.loggers.items():
+            failed = name in self.failed
+            with contextlib.suppress(Exception), _quiet():  # the tracker is gone; the run's files are what counts
+                _end(logger, "KILLED" if hasattr(logger, "run_id") and not failed else "failed")
         self.loggers = {}
 
     def _save(self) -> None:
@@ -288,12 +312,32 @@ def run_tags(algorithm, model, data, seed: int, out: Path) -> dict[str, Any]:
             "git_revision": git_revision(), "run_dir": str(Path(out).resolve())}
 
 
+def _beside(sqlite_uri: str) -> str:
+    """``mlruns/`` next to the SQLite database of ``sqlite:///PATH`` (relative paths: from the working directory),
+    as a ``file://`` URI: where a new experiment keeps its artifacts."""
+    return (Path(sqlite_uri[len("sqlite:///"):]).resolve().parent / "mlruns").as_uri()
+
+
 def _json(path: Path) -> dict[str, Any]:
     with contextlib.suppress(OSError, ValueError):
         return json.loads(path.read_text()) or {}
     return {}
 
 
+@contextlib.contextmanager
+def _quiet():
+    """MLflow logs a failed store call with its traceback, then raises it: fedlight reports it once, in one line."""
+    import logging
+
+    log = logging.getLogger("mlflow")
+    level, log.level = log.level, logging.CRITICAL + 1
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def _line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
+    """The error's first line that says what went wrong (SQLAlchemy starts with a hint about its own session)."""
+    text = [ln for ln in str(err).strip().splitlines() if ln.strip() and not ln.startswith("(raised as a result of")]
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__

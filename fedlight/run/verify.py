@@ -4,8 +4,11 @@ Checkpoints (``checkpoints/last.ckpt``, ``checkpoints/prev.ckpt``) and ``final_m
 :mod:`fedlight.run.atomic`), the per-client state files a checkpoint names against their size and CRC-32 (found in
 this run directory, wherever it was written: :mod:`fedlight.run.client_files`), other client-state files against the
 CRC-32 in their names, ``summary.json`` and ``config.yaml`` against their own SHA-256 (:mod:`fedlight.run.side_files`;
-the summary's round count also against ``metrics.jsonl``), ``metrics.jsonl`` row by row (every round up to the last
-checkpoint or the summary present). Temporary files of a killed write are listed (the next start removes them).
+the summary's round count also against ``metrics.jsonl``) and against this run: the run identity they and the
+checkpoints record agrees, and ``final_model.pt``'s seal is the one ``summary.json`` records (a file copied in from
+another run is damaged here); a missing ``config.yaml``, or a finished run's missing ``summary.json``, is damaged;
+``metrics.jsonl`` row by row (every round up to the last checkpoint or the summary present). Temporary files of a
+killed write are listed (the next start removes them).
 Exit status 0: every file verifies; 2: at least one is damaged (or the folder is not a run directory).
 """
 
@@ -17,7 +20,7 @@ from typing import Any
 
 from fedlight.errors import ConfigError
 from fedlight.run import client_files, side_files
-from fedlight.run.atomic import check_sealed
+from fedlight.run.atomic import check_sealed, seal_of
 from fedlight.run.files import missing_rounds, read_rows, round_ranges
 
 Finding = tuple[str, str, str]  # (ok | damaged | leftover, file relative to the run directory, detail)
@@ -26,7 +29,8 @@ Finding = tuple[str, str, str]  # (ok | damaged | leftover, file relative to the
 def check_run(out: Path) -> list[Finding]:
     """What is intact and what is damaged in the run directory ``out``."""
     found: list[Finding] = []
-    ckpt = _checkpoints(out, found)
+    ids: dict[str, str | None] = {}
+    ckpt = _checkpoints(out, found, ids)
     _unnamed_client_states(out, found, intact=ckpt is not None)
     if (out / "final_model.pt").exists():
         damage = check_sealed(out / "final_model.pt")
@@ -36,22 +40,23 @@ def check_run(out: Path) -> list[Finding]:
         if (out / name).exists():
             why = side_files.damage(out / name, sealed)
             found.append(("damaged", name, why) if why else ("ok", name, ""))
+    _missing(out, found)
     summary = _summary(out, found)
+    _bound(out, ids, summary, found)
     done = summary.get("rounds_completed")
     fallback = done if isinstance(done, int) else 0  # the sealed checkpoint says how many rounds, else the summary
     _metrics(out, int(ckpt["round"]) if ckpt is not None else fallback, ckpt, found)
     if isinstance(done, int) and ("ok", "metrics.jsonl") in {f[:2] for f in found}:
         last = max((r["round"] for r in read_rows(out / "metrics.jsonl")[0]), default=0)
         if last != done:
-            found[[f[1] for f in found].index("summary.json")] = (
-                "damaged", "summary.json", f"it reports {done} rounds and metrics.jsonl {last}: not this run's summary")
+            _damage(found, "summary.json", f"it reports {done} rounds and metrics.jsonl {last}: not this run's summary")
     for tmp in sorted([*out.glob(".*.tmp"), *(out / "checkpoints").glob(".*.tmp")]):
         found.append(("leftover", str(tmp.relative_to(out)), "the temporary file of a killed write (removed at the "
                                                              "next start)"))
     return found
 
 
-def _checkpoints(out: Path, found: list[Finding]) -> dict[str, Any] | None:
+def _checkpoints(out: Path, found: list[Finding], ids: dict[str, str | None]) -> dict[str, Any] | None:
     """Check both checkpoints; returns the newest intact one (loaded), for the metrics and client-state checks."""
     from fedlight.run.atomic import load_checkpoint
 
@@ -66,6 +71,7 @@ def _checkpoints(out: Path, found: list[Finding]) -> dict[str, Any] | None:
             found.append(("damaged", f"checkpoints/{name}", str(e).split(" is damaged: ")[-1]))
             continue
         found.append(("ok", f"checkpoints/{name}", f"(round {ckpt['round']})"))
+        ids[f"checkpoints/{name}"] = ckpt.get("run_id")
         newest = newest or ckpt
         for cid, e in client_files.named(ckpt):
             _client_state(out, cid, e, found)
@@ -94,6 +100,35 @@ def _unnamed_client_states(out: Path, found: list[Finding], intact: bool) -> Non
             found.append(("damaged", rel, why))
         elif not intact and client_files.NAME.fullmatch(path.name):
             found.append(("ok", rel, "(by the CRC-32 in its name)"))
+
+
+def _missing(out: Path, found: list[Finding]) -> None:
+    """A run's ``config.yaml`` is never missing; a finished run's (it wrote ``final_model.pt``) ``summary.json``
+    neither."""
+    if not (out / "config.yaml").exists():
+        found.append(("damaged", "config.yaml", "it is missing (every run writes it before round 1)"))
+    if (out / "final_model.pt").exists() and not (out / "summary.json").exists():
+        found.append(("damaged", "summary.json", "it is missing, though the run finished (it wrote final_model.pt)"))
+
+
+def _bound(out: Path, ids: dict[str, str | None], summary: dict[str, Any], found: list[Finding]) -> None:
+    """Each side file belongs to this run: the run identity that config.yaml, summary.json and the checkpoints
+    record agrees (the newest intact checkpoint's wins, then config.yaml's), and final_model.pt is the one the summary
+    names by its seal. A file without an identity (written before them) is not compared."""
+    ok = {f[1] for f in found if f[0] == "ok"}
+    ids.update({n: side_files.run_id(out / n) for n in ("config.yaml", "summary.json") if n in ok})
+    this = next((i for i in ids.values() if i), None)
+    for name, other in ids.items():
+        if other and other != this:
+            _damage(found, name, f"it is another run's (run {other}; this run is {this})")
+    sealed, theirs = summary.get("final_model_sha256"), summary.get("run_id") not in (None, this)
+    if "final_model.pt" in ok and sealed and (seal_of(out / "final_model.pt") == sealed) == theirs:
+        _damage(found, "final_model.pt", "it is another run's: its seal is "
+                + ("the one the other run's summary.json records" if theirs else "not the one summary.json records"))
+
+
+def _damage(found: list[Finding], name: str, why: str) -> None:
+    found[[f[1] for f in found].index(name)] = ("damaged", name, why)
 
 
 def _summary(out: Path, found: list[Finding]) -> dict[str, Any]:

@@ -50,7 +50,7 @@ def test_a_directory_with_foreign_files_is_still_refused(tmp_path):
     (out / "config.yaml").write_text("seed: 0\n")
     (out / "notes.txt").write_text("mine")
     res = _fit("--out_dir", out)
-    assert res.returncode == 2 and "already holds a run" in res.stderr
+    assert res.returncode == 2 and "that fedlight did not write: config.yaml" in res.stderr  # not a recipe
     assert (out / "notes.txt").read_text() == "mine"
 
 

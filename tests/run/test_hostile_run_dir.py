@@ -185,3 +185,29 @@ def test_no_recipe_hard_codes_its_run_directory():
     for path in recipes:
         cfg = yaml.safe_load(path.read_text()) or {}
         assert "out_dir" not in cfg, f"{path}: a fixed out_dir makes runs of other settings collide"
+
+
+@pytest.mark.parametrize("flags", [["--overwrite", "true"], [], ["--resume", "auto"]])
+def test_files_named_like_fedlights_that_it_did_not_write_are_never_replaced(tmp_path, flags):
+    """Issue 50: another program's config.yaml and summary.json in the folder; `--overwrite true` replaced both."""
+    out = tmp_path / "app"
+    out.mkdir()
+    (out / "config.yaml").write_text("name: my-app\n")
+    (out / "summary.json").write_text('{"score": 1}\n')
+    before = tree_hash(out)
+    res = _fit("--out_dir", out, "--loop.rounds", 1, *flags)
+    _refused(res, f"`out_dir` {out} holds files named like fedlight's that fedlight did not write: config.yaml (its "
+                  "content is not what fedlight writes), summary.json (its content is not what fedlight writes); "
+                  "move them away or choose another `--out_dir`")
+    assert len([ln for ln in res.stderr.splitlines() if "error" in ln]) == 1, res.stderr
+    assert tree_hash(out) == before and sorted(p.name for p in out.iterdir()) == ["config.yaml", "summary.json"]
+
+
+def test_overwrite_still_clears_a_finished_run(tmp_path, done_run):
+    out = tmp_path / "run"
+    import shutil
+
+    shutil.copytree(done_run, out)
+    res = _fit("--out_dir", out, "--loop.rounds", 1, "--overwrite", "true")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [json.loads(ln)["round"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [1]

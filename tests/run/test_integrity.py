@@ -4,11 +4,13 @@ damaged input file, stops from the first instruction, no temporary file left beh
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -330,4 +332,79 @@ def test_verify_says_which_file_is_damaged(tmp_path, capsys):
     assert any(ln.startswith("damaged  summary.json: not JSON") for ln in lines), lines
     assert "leftover .config.yaml.x1.tmp: the temporary file of a killed write (removed at the next start)" in lines
     assert "ok       checkpoints/last.ckpt (round 2)" in lines
+    assert lines[-1] == f"{out}: 2 damaged files"
+
+
+# ------------------------------------------------------------------------------------------------ issue 50
+def _when_held(ready: Path, change) -> threading.Thread:
+    """A thread that waits for a ``FEDLIGHT_FAULT=...:hold`` to be reached, calls ``change()`` and lets the run go."""
+    def run():
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        change()
+        ready.unlink(missing_ok=True)
+
+    helper = threading.Thread(target=run, daemon=True)
+    helper.start()
+    return helper
+
+
+def test_a_client_state_file_the_run_wrote_and_damaged_mid_run_is_one_line(tmp_path, capsys, monkeypatch):
+    """Every client state spills (budget 0); in round 2 every state file gets one flipped byte: the next client read
+    from one ends the run with one line naming it (exit 2). Before, a file this run wrote was never checked again."""
+    out, ready = tmp_path / "run", tmp_path / "ready"
+    monkeypatch.setenv("FEDLIGHT_FAULT", "train@2:hold")  # after the first client of the 3rd round
+    monkeypatch.setenv("FEDLIGHT_FAULT_READY", str(ready))
+
+    def flip_every_state_file():
+        for f in (out / "client_state" / "rank0").glob("c*.bin"):
+            data = bytearray(f.read_bytes())
+            data[len(data) // 2] ^= 0x01
+            f.write_bytes(bytes(data))
+
+    helper = _when_held(ready, flip_every_state_file)
+    assert _fit(out, 3, "--loop.state_budget_mb", "0") == 2
+    helper.join(5)
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+    assert len(err) == 1, err
+    assert re.search(r"client \d+'s state file \S+/client_state/rank0/c\d+-\w+-\d+-\w+\.bin is damaged: its bytes "
+                     r"differ from the ones written \(CRC-32 mismatch\)", err[0]), err
+    assert _rounds(out) == [1, 2]  # held in the third round (0-based 2)
+
+
+@pytest.mark.parametrize("copied", ["summary.json", "config.yaml", "final_model.pt", "checkpoints/prev.ckpt"])
+def test_verify_refuses_another_runs_sealed_file_copied_in(copied, two_runs, tmp_path, capsys):
+    """Issue 50: each seal proved its own bytes only; the files of two runs of one recipe (another seed) are now
+    bound to their run by the run identity config.yaml, summary.json and the checkpoints record, and final_model.pt
+    by the seal summary.json records."""
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    shutil.copytree(two_runs[0], mine)
+    shutil.copytree(two_runs[1], theirs)
+    capsys.readouterr()
+    assert main(["verify", str(mine)]) == 0
+    shutil.copy(theirs / copied, mine / copied)
+    assert main(["verify", str(mine)]) == 2
+    lines = capsys.readouterr().out.strip().splitlines()
+    bad = [ln for ln in lines if ln.startswith("damaged") and "client_state/" not in ln]  # (prev.ckpt: its files)
+    assert len(bad) == 1 and bad[0].startswith(f"damaged  {copied}: it is another run's"), lines
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("two")
+    assert _fit(root / "a", 2) == 0 and _fit(root / "b", 2, "--seed", "1") == 0
+    return root / "a", root / "b"
+
+
+def test_verify_reports_a_missing_config_and_a_finished_runs_missing_summary(two_runs, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(two_runs[0], out)
+    (out / "config.yaml").unlink()
+    (out / "summary.json").unlink()
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 2
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "damaged  config.yaml: it is missing (every run writes it before round 1)" in lines, lines
+    assert "damaged  summary.json: it is missing, though the run finished (it wrote final_model.pt)" in lines, lines
     assert lines[-1] == f"{out}: 2 damaged files"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 TINY = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
@@ -39,3 +40,30 @@ def test_two_nodes_through_torchrun_equal_one_process_bitwise(tmp_path):
     one, two = _final(tmp_path / "one"), _final(out)
     assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
     assert sum("fedlight: run directory" in log for log in logs) == 1  # global rank 0 alone writes
+
+
+def test_a_process_that_lost_its_peer_says_so_in_one_line(monkeypatch, capsys):
+    """Issue 50: killing rank 0 of a `--devices 2` run left rank 1 with gloo's RuntimeError traceback (measured with a
+    real kill: tools-free, see the issue); the error gloo raises there now ends that process with one line."""
+    from fedlight.config import cli
+
+    gloo = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+            "[127.0.0.1]:53442. This is typically caused by a remote worker crashing. Check the logs of the remote "
+            "worker before reporting an error. GLHF!")
+
+    def collective(_args):
+        raise RuntimeError(gloo)
+
+    monkeypatch.setattr(cli, "command", lambda name: collective)
+    assert cli.main(["fit"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["fedlight fit: error: process 0 of the run lost another one (Connection closed by peer "
+                   "[127.0.0.1]:53442); it stops too. The run directory keeps the last checkpoint: `--resume auto` "
+                   "continues it"], err
+
+    def other(_args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli, "command", lambda name: other)
+    with pytest.raises(RuntimeError, match="a bug"):  # any other error keeps its traceback
+        cli.main(["fit"])

@@ -235,6 +235,7 @@ def test_overwrite_refuses_a_folder_that_is_not_a_run_and_leaves_foreign_files_o
     for name in (*trackers, "csv/notes.txt"):
         (run / name).parent.mkdir(parents=True, exist_ok=True)
         (run / name).write_text("written")
+    (run / "trackers.json").write_text('{"wandb": {"id": "x", "logged": 2}}\n')  # as fedlight writes it
     (run / "wandb" / "latest-run").symlink_to(run / "wandb" / "run-1-x")
     assert _fit(run, 1, "--overwrite", "true") == 0
     assert (run / "tb" / "mine.txt").read_text() == "mine" and (run / "checkpoints" / "keep.pt").read_text() == "mine"
