@@ -257,6 +257,12 @@ class ServerRule:
         """Whether this rule overrides :meth:`aggregate` (the loop then hands it every kept client result)."""
         return type(self).aggregate is not ServerRule.aggregate
 
+    def privatize(self, sums: dict[str, Any], count: float, round: int) -> float | None:
+        """Hook on the round's float64 sums (``sums["delta"]``, ``["extras"]``, ``["metrics"]``, changed in place)
+        before they are divided, identical on every process; returns the denominator of Δ and the averaged extras
+        (``None``: ``Σ w_i``). Only :mod:`fedlight.privacy` overrides it (noise on the sum, fixed denominator)."""
+        return None
+
     def update(self, params: Params, agg: ClientResult, info: RoundInfo) -> Params:
         """``x ← x + η_g·Δ̄``."""
         return P.add(params, agg.delta, self.lr)
