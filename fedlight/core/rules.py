@@ -189,6 +189,10 @@ class LocalUpdateRule:
     :mod:`fedlight.runners.stacked`); ``None``: it can (its math is elementwise or goes through the per-client
     helpers of :mod:`fedlight.core.params`)."""
 
+    scalar_uploads: str | None = None
+    """What the rule uploads besides its tensors for the server to read (FedWMSAM's similarity, whose mean sets
+    α̂); ``None``: nothing. Client-level privacy (:mod:`fedlight.privacy`) refuses such a rule: no clip bounds it."""
+
     def make_optimizer(self, params: list[Tensor], lr: float, default: Callable[..., torch.optim.Optimizer]):
         """The local optimizer for one client's round; default: the loop's (SGD, wd 1e-3)."""
         return default(params, lr=lr)

@@ -15,9 +15,10 @@ from typing import Any
 
 from fedlight.errors import ConfigError
 
-ORDERS = (*range(2, 65), 128, 512)
-"""RDP orders (integers: the subsampled-without-replacement bound is exact there, and a fractional order costs the
-two integer ones around it)."""
+ORDERS = (*range(2, 33), 40, 48, 64, 96, 128)
+"""RDP orders: integers (the subsampled-without-replacement bound is exact there; a fractional order costs the two
+integer ones around it), three times faster than dp-accounting's default list and the same ε to 4 digits for
+1,000 clients, 100 a round, σ 0.7-10, 30-300 rounds (measured against the default)."""
 SIGMA_MAX = 1e4
 """The largest σ calibration searches (beyond it, no useful model trains)."""
 

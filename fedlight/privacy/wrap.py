@@ -42,6 +42,9 @@ def private(algorithm: Algorithm, cfg: PrivacyConfig, seed: int, num_clients: in
     name = type(algorithm).__name__
     check(not algorithm.server.aggregates_itself(), f"`privacy`: {name}'s server rule aggregates the client results "
           "itself, so the noised sum never reaches it; run it without privacy")
+    why = algorithm.local.scalar_uploads
+    check(why is None, f"`privacy`: {name} uploads {why} outside its tensors, which no clip bounds; run it without "
+          "privacy (or with its non-adaptive form)")
     sigma = noise_multiplier(cfg, num_clients, per_round, rounds)
     sigma_b = cfg.count_noise if cfg.count_noise is not None else per_round / 20
     check(not cfg.adaptive or sigma == 0 or 2 * sigma_b > sigma, f"`privacy.count_noise` (σ_b = {sigma_b:g}"
@@ -58,6 +61,6 @@ def private(algorithm: Algorithm, cfg: PrivacyConfig, seed: int, num_clients: in
     server = PrivateServer(algorithm.server, cfg, sigma, bound, seed, num_clients, per_round)
     weighting = getattr(algorithm.server, "weighting", None)
     if weighting != "uniform":
-        print(f"fedlight: privacy: client results are weighted uniformly (sample-count weights have unbounded "
-              f"sensitivity)", file=sys.stderr)
+        print("fedlight: privacy: client results are weighted uniformly (sample-count weights have unbounded "
+              "sensitivity)", file=sys.stderr)
     return PrivateAlgorithm(algorithm, local, server)
