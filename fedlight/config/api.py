@@ -30,6 +30,7 @@ from fedlight.engine.driver import FitDriver
 from fedlight.errors import ConfigError, check
 from fedlight.privacy import settings as privacy_settings
 from fedlight.privacy.settings import PrivacyConfig
+from fedlight.privacy.record import uses_per_round
 from fedlight.privacy.wrap import private
 from fedlight.run import stops, trackers
 from fedlight.run.directory import settings_hash, split_settings
@@ -282,8 +283,9 @@ def _prepare(fabric, plan: Plan, record: RunRecord) -> FitDriver:
     _check_clients(plan.loop, data.num_clients)
     algorithm = plan.algorithm
     if plan.privacy is not None:  # after data.setup: N is known; σ calibrated (and printed) here, before round 1
+        uses = uses_per_round(data, plan.loop) if plan.privacy.level == "record" else 1
         algorithm = private(algorithm, plan.privacy, plan.seed, data.num_clients, plan.loop.clients_per_round,
-                            plan.loop.rounds)
+                            plan.loop.rounds, uses)
     return FitDriver.prepare(fabric, plan.model, data, algorithm, plan.loop, plan.seed, plan.out, plan.task,
                              record, resume=None if plan.ckpt is None else (plan.ckpt, plan.ckpt_path),
                              settings=plan.defining, execution=plan.execution)

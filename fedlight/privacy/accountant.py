@@ -78,14 +78,17 @@ def calibrate(target_epsilon: float, delta: float, num_clients: int, per_round: 
                                            target_epsilon, delta, interval, tol=1e-4))
 
 
-def gaussian_local_epsilon(sigma: float, delta: float) -> float:
-    """ε(δ) of one upload privatized locally with ``N(0, σ²C²)`` after an L2 clip to ``C`` (sensitivity: the
-    diameter ``2C``, any two inputs being neighbours)."""
+def gaussian_epsilon(sigma: float, delta: float, count: int = 1) -> float:
+    """ε(δ) of ``count`` Gaussian queries ``N(0, σ²C²)`` on a value clipped to ``C`` whose neighbours may be any
+    other clipped value (sensitivity: the diameter ``2C``), without amplification by sampling: one locally
+    privatized upload (``count = 1``), or a record's ``count`` uses in record-level DP-SGD."""
+    if count == 0:
+        return 0.0
     if sigma == 0:
         return float("inf")
     dp, rdp = _lib()
     acc = rdp.RdpAccountant(ORDERS)
-    acc.compose(dp.GaussianDpEvent(sigma / 2))
+    acc.compose(dp.SelfComposedDpEvent(dp.GaussianDpEvent(sigma / 2), count))
     return float(acc.get_epsilon(delta))
 
 

@@ -12,6 +12,7 @@ from fedlight.core.rules import ClientResult, LocalUpdateRule
 from fedlight.errors import ConfigError
 from fedlight.privacy import noise
 from fedlight.privacy.clip import clip_upload
+from fedlight.privacy.record import RecordLevel
 
 
 @dataclass
@@ -41,16 +42,18 @@ class PrivateLocal(LocalUpdateRule):
         client_noise: the client's own noise (local DP, or the distributed placement); ``None``: none here.
         l1: clip in L1 norm (the Laplace mechanism's sensitivity); else L2.
         report_clipped: add ``dp_unclipped`` (1 when the norm was ≤ C) to the metrics, for adaptive clipping.
+        record: record-level DP-SGD in every local step instead (the upload is then not clipped).
     """
 
     def __init__(self, inner: LocalUpdateRule, bound: ClipBound, client_noise: ClientNoise | None = None,
-                 l1: bool = False, report_clipped: bool = False) -> None:
-        self.inner, self.bound, self.client_noise = inner, bound, client_noise
+                 l1: bool = False, report_clipped: bool = False, record: RecordLevel | None = None) -> None:
+        self.inner, self.bound, self.client_noise, self.record = inner, bound, client_noise, record
         self.ord, self.report_clipped = 1 if l1 else 2, report_clipped
         self.needs_true_grad_norm = inner.needs_true_grad_norm
         self.stacked_unsupported = inner.stacked_unsupported or (
-            None if client_noise is None else "a client's own DP noise is drawn per client id (privacy.level: local "
-            "or privacy.placement: distributed); use loop.client_parallelism: sequential")
+            None if client_noise is None and record is None else "a client's own DP noise is drawn per client id "
+            "(privacy.level: local or record, or privacy.placement: distributed); use loop.client_parallelism: "
+            "sequential")
 
     def make_optimizer(self, params, lr, default):
         return self.inner.make_optimizer(params, lr, default)
@@ -61,6 +64,8 @@ class PrivateLocal(LocalUpdateRule):
 
     def start(self, model, ctx):
         self.inner.start(model, ctx)
+        if self.record is not None:
+            self.record.install(model, ctx)
 
     def step(self, model, batch, ctx):
         return self.inner.step(model, batch, ctx)
@@ -70,6 +75,8 @@ class PrivateLocal(LocalUpdateRule):
         if result.upload_scalars:
             raise ConfigError(f"`privacy`: {type(self.inner).__name__} uploads {result.upload_scalars} scalars "
                               "outside its tensors, which the clip cannot bound; run it without privacy")
+        if self.record is not None:  # record level: each step's gradient was privatized; the upload is not clipped
+            return result
         C = self.bound.value
         norm = clip_upload(result, C, self.ord)
         if self.report_clipped:

@@ -58,6 +58,10 @@ class PrivateServer(ServerWrapper):
         self.update_sigma = update_noise(sigma, self.count_noise) if cfg.adaptive and sigma > 0 else sigma
         self.rounds = 0
         self.unclipped: float | None = None
+        self.record_uses = 1
+        """Record level: how often a record enters its client's gradients in one round (set by ``private``)."""
+        if cfg.level == "record":
+            self.weighting = inner.weighting  # the uploads are not clipped: sample weights reveal no record
 
     def privatize(self, sums: dict[str, Any], count: float, round: int) -> float | None:
         """Noise the float64 sums once (every process draws the same) and return the denominator."""
@@ -70,7 +74,7 @@ class PrivateServer(ServerWrapper):
             b = float(sums["metrics"].pop("dp_unclipped"))
             gen = noise.generator(self.seed, round, noise.COUNT)
             self.unclipped = (b + self.count_noise * noise.scalar_normal(gen)) / self.m
-        return float(self.m) if cfg.denominator == "fixed" else None
+        return float(self.m) if cfg.denominator == "fixed" and cfg.level != "record" else None
 
     def update(self, params, agg, info):
         x = self.inner.update(params, agg, info)
@@ -81,15 +85,15 @@ class PrivateServer(ServerWrapper):
         return x
 
     def epsilon(self) -> float:
-        """ε(δ) after the rounds done (client level); local DP: ε of one upload."""
+        """ε(δ) after the rounds done: client level over the sampled rounds; local DP: of one upload; record level:
+        of a record's uses so far (``record_uses`` per round, every round counted)."""
+        if self.cfg.level == "record":
+            return accountant.gaussian_epsilon(self.sigma, self.cfg.delta, self.rounds * self.record_uses)
         if self.cfg.level == "local":
-            return self.local_epsilon()
+            if self.cfg.mechanism == "laplace":
+                return math.inf if self.sigma == 0 else 2 / self.sigma  # L1 diameter 2C over the scale σC
+            return accountant.gaussian_epsilon(self.sigma, self.cfg.delta)
         return accountant.epsilon(self.sigma, self.N, self.m, self.rounds, self.cfg.delta)
-
-    def local_epsilon(self) -> float:
-        if self.cfg.mechanism == "laplace":
-            return math.inf if self.sigma == 0 else 2 / self.sigma  # L1 diameter 2C over the scale σC
-        return accountant.gaussian_local_epsilon(self.sigma, self.cfg.delta)
 
     def diagnostics(self) -> dict[str, float]:
         out = {**self.inner.diagnostics(), "privacy/epsilon": self.epsilon(), "privacy/clip": self.bound.value}

@@ -24,7 +24,8 @@ class PrivacyConfig:
     level: str = "client"
     """``client``: each sampled client's whole upload is clipped to ``clip`` and Gaussian noise ``N(0, σ²C²)`` is
     added to the sum (client-level DP); ``local``: each client privatizes its own upload (local DP, its own ε per
-    upload); ``record``: example-level DP-SGD inside a client (not available yet: refused)."""
+    upload); ``record``: example-level DP-SGD inside a client (each local step's per-example gradients clipped to
+    ``clip``, ``N(0, σ²C²)`` added to their sum)."""
     mechanism: str = "gaussian"
     """``gaussian`` (every level) or ``laplace`` (``level: local`` only; the upload is then clipped in L1 norm)."""
     noise_multiplier: float | None = None
@@ -61,8 +62,6 @@ class PrivacyConfig:
 def validate(cfg: PrivacyConfig, num_clients: int | None = None) -> None:
     """Refuse bad settings in one line each (exit 2, before round 1); warn on a δ above 1/N."""
     check(cfg.level in LEVELS, f"`privacy.level` must be one of {', '.join(LEVELS)}, got {cfg.level!r}")
-    check(cfg.level != "record", "`privacy.level: record` (example-level DP-SGD inside a client) is not available "
-          "yet; use `privacy.level: client` or `local`")
     check(cfg.mechanism in MECHANISMS, f"`privacy.mechanism` must be one of {', '.join(MECHANISMS)}, got "
           f"{cfg.mechanism!r}")
     check(cfg.mechanism == "gaussian" or cfg.level == "local", "`privacy.mechanism: laplace` is for `privacy.level: "

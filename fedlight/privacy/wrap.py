@@ -8,6 +8,7 @@ from fedlight.core.rules import Algorithm
 from fedlight.errors import check
 from fedlight.privacy import accountant
 from fedlight.privacy.local import ClientNoise, ClipBound, PrivateLocal
+from fedlight.privacy.record import RecordLevel, check_rule
 from fedlight.privacy.server import PrivateServer
 from fedlight.privacy.settings import PrivacyConfig, validate
 
@@ -36,8 +37,10 @@ def noise_multiplier(cfg: PrivacyConfig, num_clients: int, per_round: int, round
 
 
 def private(algorithm: Algorithm, cfg: PrivacyConfig, seed: int, num_clients: int, per_round: int,
-            rounds: int) -> PrivateAlgorithm:
-    """``algorithm`` under ``cfg``; refuses (ConfigError, before round 1) what cannot be made private."""
+            rounds: int, record_uses: int = 1) -> PrivateAlgorithm:
+    """``algorithm`` under ``cfg``; refuses (ConfigError, before round 1) what cannot be made private.
+    ``record_uses``: record level, how often a record enters its client's gradients per round
+    (:func:`fedlight.privacy.record.uses_per_round`)."""
     validate(cfg, num_clients)
     name = type(algorithm).__name__
     check(not algorithm.server.aggregates_itself(), f"`privacy`: {name}'s server rule aggregates the client results "
@@ -51,16 +54,19 @@ def private(algorithm: Algorithm, cfg: PrivacyConfig, seed: int, num_clients: in
           f"{'' if cfg.count_noise is not None else ', m/20'}) must exceed σ/2 = {sigma / 2:g} for adaptive clipping "
           "(the update then gets σ_Δ = (σ^-2 − (2σ_b)^-2)^-1/2); raise `privacy.count_noise` or sample more clients")
     bound = ClipBound(cfg.clip)
-    client_noise = None
-    if cfg.level == "local":
+    client_noise, record = None, None
+    if cfg.level == "record":
+        check_rule(algorithm.local, name)
+        record = RecordLevel(sigma, cfg.clip, seed)
+    elif cfg.level == "local":
         client_noise = ClientNoise(cfg.mechanism, sigma, seed)
     elif cfg.placement == "distributed":
         client_noise = ClientNoise("gaussian", sigma / per_round ** 0.5, seed)  # Σ over m clients: N(0, σ²C²)
     local = PrivateLocal(algorithm.local, bound, client_noise, l1=cfg.mechanism == "laplace",
-                         report_clipped=cfg.adaptive)
+                         report_clipped=cfg.adaptive, record=record)
     server = PrivateServer(algorithm.server, cfg, sigma, bound, seed, num_clients, per_round)
-    weighting = getattr(algorithm.server, "weighting", None)
-    if weighting != "uniform":
+    server.record_uses = record_uses
+    if cfg.level != "record" and getattr(algorithm.server, "weighting", None) != "uniform":
         print("fedlight: privacy: client results are weighted uniformly (sample-count weights have unbounded "
               "sensitivity)", file=sys.stderr)
     return PrivateAlgorithm(algorithm, local, server)

@@ -170,7 +170,7 @@ def test_vmap_equals_sequential_for_a_private_run():
     (dict(delta=0.0), "privacy.delta"),
     (dict(delta=1.0), "privacy.delta"),
     (dict(noise_multiplier=None, target_epsilon=1e-6, delta=1e-10), "out of reach"),
-    (dict(level="record"), "privacy.level: record"),
+    (dict(level="record", adaptive=True), "privacy.adaptive"),
     (dict(adaptive=True, count_noise=0.1), "privacy.count_noise"),
     (dict(mechanism="laplace"), "laplace"),
 ])
@@ -247,6 +247,62 @@ def test_local_dp_reports_its_epsilon_per_upload_and_refuses_stacking():
     row = _loop(dp("fedavg", level="local", mechanism="laplace", noise_multiplier=4.0)).run_round(0)
     assert row["privacy/epsilon"] == 2 / 4.0  # L1 diameter 2C over the scale 4C
     row = _loop(dp("fedavg", level="local", noise_multiplier=4.0)).run_round(0)
-    assert row["privacy/epsilon"] == accountant.gaussian_local_epsilon(4.0, 1e-3)
+    assert row["privacy/epsilon"] == accountant.gaussian_epsilon(4.0, 1e-3)
     with pytest.raises(ConfigError, match="drawn per client id"):
         _loop(dp("fedavg", level="local", noise_multiplier=4.0), client_parallelism="vmap")
+
+
+def test_a_killed_private_run_resumes_bit_for_bit(tmp_path):
+    """SIGKILL in round 2's training (FEDLIGHT_FAULT), then `--resume auto`: the final model equals an unbroken run's
+    (adaptive clipping: C and the noise streams are restored from the checkpoint and (seed, round))."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from fedlight.config.cli import main
+
+    flags = ["--config", TINY, "--loop.rounds", "3", "--privacy.noise_multiplier", "0.5", "--privacy.clip", "0.5",
+             "--privacy.delta", "1e-3", "--privacy.adaptive", "true", "--privacy.count_noise", "1.0"]
+    assert main(["fit", *flags, "--out_dir", str(tmp_path / "ref")]) == 0
+    out = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-m", "fedlight.config.cli", "fit", *flags, "--out_dir", str(out)],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "FEDLIGHT_FAULT": "train@2"})
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    assert main(["fit", *flags, "--out_dir", str(out), "--resume", "auto"]) == 0
+    ref, got = (torch.load(d / "final_model.pt", weights_only=True) for d in (tmp_path / "ref", out))
+    _equal(got, ref, "final model")
+    clip = [json.loads((d / "summary.json").read_text())["privacy"]["clip"] for d in (tmp_path / "ref", out)]
+    assert clip[0] == clip[1] != 0.5
+
+
+def test_record_level_step_is_the_mean_of_per_example_clipped_gradients_and_sam_is_refused():
+    """FedAvg, one full-batch step of lr 0.5 on the softmax regression of fedtest.problem (3 clients of 4 examples),
+    σ = 0, C = 0.1: Δ_i = −0.5·(1/4)Σ_b min(1, C/‖g_b‖)·g_b with g_b each example's gradient by autograd, one at a
+    time; the mean over the clients is the update. ε counts a record once per round (one epoch)."""
+    from fedtest import linear_model, problem
+
+    clients, theta = problem()
+    algo = dp("fedavg", level="record", noise_multiplier=0.0, clip=0.1, num_clients=3, per_round=3)
+    loop = make_loop(algo, clients, linear_model(theta), rounds=1, local_steps=1, lr=0.5, precision="64-true")
+    row = loop.run_round(0)
+    deltas, clipped = [], 0
+    for x, y in clients:
+        model = linear_model(theta).double()
+        total = {k: torch.zeros_like(v) for k, v in model.named_parameters()}
+        for b in range(len(y)):
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model(torch.tensor(x[b:b + 1])), torch.tensor(y[b:b + 1])).backward()
+            norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()))
+            clipped += norm.item() > 0.1
+            for k, p in model.named_parameters():
+                total[k] += min(1.0, 0.1 / norm.item()) * p.grad
+        deltas.append({k: -0.5 * v / len(y) for k, v in total.items()})
+    for k in loop.x:
+        expect = torch.tensor(theta[k]) + sum(d[k] for d in deltas) / 3
+        torch.testing.assert_close(loop.x[k], expect, rtol=0, atol=1e-12)
+    assert 0 < clipped < 12  # the clip acts on some examples, not all
+    assert row["privacy/epsilon"] == math.inf  # σ = 0
+    assert accountant.gaussian_epsilon(2.0, 1e-3, 3) > accountant.gaussian_epsilon(2.0, 1e-3, 2)
+    with pytest.raises(ConfigError, match="privacy.level: record` is refused for FedSAM"):
+        dp("fedsam", level="record")
