@@ -158,9 +158,6 @@ class ServerWrapper(ServerRule):
     def aggregates_itself(self) -> bool:
         return self.inner.aggregates_itself()
 
-    def privatize(self, sums: dict[str, Any], count: float, round: int) -> float | None:
-        return self.inner.privatize(sums, count, round)
-
     def update(self, params: Params, agg: ClientResult, info: RoundInfo) -> Params:
         return self.inner.update(params, agg, info)
 

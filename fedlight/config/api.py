@@ -29,8 +29,8 @@ from fedlight.data.augment import adopt_preprocessing
 from fedlight.engine.driver import FitDriver
 from fedlight.errors import ConfigError, check
 from fedlight.privacy import settings as privacy_settings
-from fedlight.privacy.settings import PrivacyConfig
 from fedlight.privacy.record import uses_per_round
+from fedlight.privacy.settings import PrivacyConfig
 from fedlight.privacy.wrap import private
 from fedlight.run import stops, trackers
 from fedlight.run.directory import settings_hash, split_settings
@@ -120,8 +120,7 @@ def fit(
             ``Regression``, ``TextClassification``, ``LanguageModeling``); default: a LightningModule's own,
             else the data module's (classification for fedlight's datasets).
         loggers: see docs/trackers.md.
-        privacy: differential privacy of the clients' uploads (client-level, local); see docs/privacy.md. A
-            defining setting. Needs ``pip install 'fedlight[privacy]'``.
+        privacy: differential privacy: docs/privacy.md.
 
     Returns:
         The summary (also written to ``out_dir/summary.json``).

@@ -190,8 +190,7 @@ class LocalUpdateRule:
     helpers of :mod:`fedlight.core.params`)."""
 
     scalar_uploads: str | None = None
-    """What the rule uploads besides its tensors for the server to read (FedWMSAM's similarity, whose mean sets
-    α̂); ``None``: nothing. Client-level privacy (:mod:`fedlight.privacy`) refuses such a rule: no clip bounds it."""
+    """What the rule uploads outside its tensors for the server (FedWMSAM's similarity); fedlight.privacy refuses it."""
 
     def make_optimizer(self, params: list[Tensor], lr: float, default: Callable[..., torch.optim.Optimizer]):
         """The local optimizer for one client's round; default: the loop's (SGD, wd 1e-3)."""
@@ -260,12 +259,6 @@ class ServerRule:
     def aggregates_itself(self) -> bool:
         """Whether this rule overrides :meth:`aggregate` (the loop then hands it every kept client result)."""
         return type(self).aggregate is not ServerRule.aggregate
-
-    def privatize(self, sums: dict[str, Any], count: float, round: int) -> float | None:
-        """Hook on the round's float64 sums (``sums["delta"]``, ``["extras"]``, ``["metrics"]``, changed in place)
-        before they are divided, identical on every process; returns the denominator of Δ and the averaged extras
-        (``None``: ``Σ w_i``). Only :mod:`fedlight.privacy` overrides it (noise on the sum, fixed denominator)."""
-        return None
 
     def update(self, params: Params, agg: ClientResult, info: RoundInfo) -> Params:
         """``x ← x + η_g·Δ̄``."""

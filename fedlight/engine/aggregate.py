@@ -92,7 +92,7 @@ class Accumulator:
     def reduce(self, fabric: Any, privatize: Callable[[dict[str, Any], float], float | None] | None = None
                ) -> Reduced:
         """All-reduce (sum) across ranks and normalise. Every rank gets the same result. ``privatize(sums, count)``
-        (:meth:`~fedlight.core.rules.ServerRule.privatize`) may change the summed ``delta``/``extras``/``metrics``
+        (a private server's, :mod:`fedlight.privacy.server`) may change the summed ``delta``/``extras``/``metrics``
         in place first and return the denominator of Δ and the averaged extras (``None``: ``Σ w_i``)."""
         leaves = _leaves(self.tree)
         flat = [v for _, v in leaves]
