@@ -105,6 +105,8 @@ class WMSAMClient(ComposedClient):
         corrections = [_ControlVariates()] if personalized else []
         super().__init__(perturbation, [*corrections, _PersonalizedMomentum(key="u")])
         self.personalized, self.similarity, self.adaptive = personalized, similarity, adaptive
+        if adaptive:
+            self.scalar_uploads = "the similarity whose mean over the clients sets α̂"
 
     def start(self, model, ctx):
         bc = ctx.broadcast

@@ -26,6 +26,10 @@ from fedlight.data import FederatedDataModule, as_federated
 from fedlight.data.augment import adopt_preprocessing
 from fedlight.data.mapstyle import DataModuleLike
 from fedlight.errors import ConfigError, check
+from fedlight.privacy import settings as privacy_settings
+from fedlight.privacy.record import uses_per_round
+from fedlight.privacy.settings import PrivacyConfig
+from fedlight.privacy.wrap import private
 from fedlight.run import stops, trackers
 from fedlight.run.directory import settings_hash, split_settings
 from fedlight.run.faults import fault
@@ -63,6 +67,7 @@ class Plan:
     """Clear ``out`` before the first write (``--overwrite``, or a failed start's directory)."""
     trackers: tuple[bool, list[dict[str, Any]]] = (True, [])
     """``loggers`` parsed: TensorBoard on, the other trackers (:func:`fedlight.run.trackers.parse`)."""
+    privacy: PrivacyConfig | None = None
 
 
 def fit(
@@ -80,6 +85,7 @@ def fit(
     overwrite: bool = False,
     task: Task | None = None,
     loggers: list | dict | str | None = "tensorboard",
+    privacy: PrivacyConfig | None = None,
     _config_text: str | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` federatedly with ``algorithm`` on ``data`` and write the run record to ``out_dir``.
@@ -112,6 +118,7 @@ def fit(
             ``Regression``, ``TextClassification``, ``LanguageModeling``); default: a LightningModule's own,
             else the data module's (classification for fedlight's datasets).
         loggers: see docs/trackers.md.
+        privacy: differential privacy: docs/privacy.md.
 
     Returns:
         The summary (also written to ``out_dir/summary.json``).
@@ -123,7 +130,7 @@ def fit(
             the last complete checkpoint.
     """
     plan = _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, _config_text,
-                 (devices, num_nodes))
+                 (devices, num_nodes), privacy)
     plan.trackers = trackers.parse(loggers)  # a bad entry or a missing package: exit 2 here
     plan.ckpt_path, plan.ckpt, plan.clear = resumes.start(plan.out, resume, overwrite, plan.defining)
     from fedlight.config import launch
@@ -193,20 +200,25 @@ def _start_trackers(record: RunRecord, driver, plan: Plan, text: str) -> None:
     record.trackers.start()
 
 
-def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, text, world) -> Plan:
+def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, text, world,
+          privacy=None) -> Plan:
     """Check the arguments, build a model given as a spec, describe the recipe and name the run directory."""
     algorithm = algorithm if algorithm is not None else _default_algorithm()
     loop = python_defaults(algorithm, loop) if text is None else loop  # the CLI chose them already
     data = as_federated(data_or_own(data, model))
     _check_args(algorithm, data, loop, *world)
     accelerator, precision = _resolve_device(accelerator, precision, algorithm)
-    model, text = _model_and_config(model, data, algorithm, task, loop, seed, precision, text)
+    if privacy is not None:
+        privacy_settings.validate(privacy)  # bad values: one line, before anything is built
+    model, text = _model_and_config(model, data, algorithm, task, loop, seed, precision, text, privacy)
     defining, execution = split_settings(recorded.settings(text, precision))
+    if defining.get("privacy", 0) is None:  # a run without privacy keeps the directory name it had before the key
+        del defining["privacy"]
     defining = recorded.resolve_clip(defining, is_lightning_module(model))
     name = f"{recorded.default_name(algorithm, model, data, seed)}-{settings_hash(defining)}"
     return Plan(model=model, data=data, algorithm=algorithm, task=task, loop=loop, seed=seed, accelerator=accelerator,
                 precision=precision, text=text, defining=defining, execution=execution,
-                out=Path(out_dir) if out_dir else Path("runs") / name)
+                out=Path(out_dir) if out_dir else Path("runs") / name, privacy=privacy)
 
 
 def data_or_own(data, model) -> Any:
@@ -240,7 +252,7 @@ def _resolve_device(accelerator: str, precision: str | None, algorithm) -> tuple
     return accelerator, precision
 
 
-def _model_and_config(model, data, algorithm, task, loop, seed, precision, text):
+def _model_and_config(model, data, algorithm, task, loop, seed, precision, text, privacy=None):
     """The model (built here, after seeding, when given as a class-path spec, as the CLI builds it) and the
     resolved config text (described from the objects for a Python-API run)."""
     spec = None
@@ -249,7 +261,8 @@ def _model_and_config(model, data, algorithm, task, loop, seed, precision, text)
         torch.manual_seed(seed)
         model = build(spec)
     if text is None:
-        text = recorded.recipe_text(model, data, algorithm, task, loop, seed, precision=precision, model_spec=spec)
+        text = recorded.recipe_text(model, data, algorithm, task, loop, seed, precision=precision, model_spec=spec,
+                                    privacy=privacy)
         if spec is None and "init_args" not in describe(model):
             print(f"fedlight: note: config.yaml records the model {type(model).__name__} by class path only; pass "
                   "it to fit as a class-path spec ({'class_path': ..., 'init_args': {...}}) so landscape, sharpness "
@@ -287,7 +300,12 @@ def _prepare(fabric, plan: Plan, record: RunRecord):
     _check_clients(plan.loop, data.num_clients)
     from fedlight.engine.driver import FitDriver
 
-    return FitDriver.prepare(fabric, plan.model, data, plan.algorithm, plan.loop, plan.seed, plan.out, plan.task,
+    algorithm = plan.algorithm
+    if plan.privacy is not None:  # after data.setup: N is known; σ calibrated (and printed) here, before round 1
+        uses = uses_per_round(data, plan.loop) if plan.privacy.level == "record" else 1
+        algorithm = private(algorithm, plan.privacy, plan.seed, data.num_clients, plan.loop.clients_per_round,
+                            plan.loop.rounds, uses)
+    return FitDriver.prepare(fabric, plan.model, data, algorithm, plan.loop, plan.seed, plan.out, plan.task,
                              record, resume=None if plan.ckpt is None else (plan.ckpt, plan.ckpt_path),
                              settings=plan.defining, execution=plan.execution)
 

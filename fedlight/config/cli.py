@@ -68,7 +68,7 @@ A recipe is a YAML file of these keys; every key is also a flag (--loop.rounds 3
     init_args: {rho: 0.05}
   task: Classification            default: the model's (a LightningModule) or the data's   fedlight ls tasks
   loop: {rounds: 100, clients_per_round: 10, local_steps: 5, lr: 0.1}             every loop key: below
-  seed, out_dir, accelerator, devices, num_nodes, precision, resume, overwrite, loggers:   below
+  seed, out_dir, accelerator, devices, num_nodes, precision, resume, overwrite, loggers, privacy:   below
 
 --model, --data, --task and --algorithm also take a class name or (algorithms) a registry name: --algorithm fedsam.
 Recipes to start from: fedlight ls recipes."""

@@ -13,7 +13,7 @@ from fedlight.core.loop_config import AUTO_CLIP, LoopConfig
 from fedlight.core.spec import describe
 
 
-def recipe_text(model, data, algorithm, task, loop, seed, precision=None, model_spec=None) -> str:
+def recipe_text(model, data, algorithm, task, loop, seed, precision=None, model_spec=None, privacy=None) -> str:
     """The resolved recipe of a Python-API run: class paths with the constructor arguments that can be recovered
     (``data: null`` for a LightningModule's own data hooks)."""
     from fedlight.tasks.lightning.module_data import own_data
@@ -21,7 +21,9 @@ def recipe_text(model, data, algorithm, task, loop, seed, precision=None, model_
     return yaml.safe_dump({"seed": seed, "precision": precision, "model": model_spec or describe(model),
                            "data": None if own_data(data) else describe(data), "algorithm": describe(algorithm),
                            **({"task": describe(task)} if task is not None else {}),
-                           "loop": dataclasses.asdict(loop)}, sort_keys=False)
+                           "loop": dataclasses.asdict(loop),
+                           **({"privacy": dataclasses.asdict(privacy)} if privacy is not None else {})},
+                          sort_keys=False)
 
 
 def settings(text: str, precision: str) -> dict[str, Any]:

@@ -189,6 +189,9 @@ class LocalUpdateRule:
     :mod:`fedlight.runners.stacked`); ``None``: it can (its math is elementwise or goes through the per-client
     helpers of :mod:`fedlight.core.params`)."""
 
+    scalar_uploads: str | None = None
+    """What the rule uploads outside its tensors for the server (FedWMSAM's similarity); fedlight.privacy refuses it."""
+
     def make_optimizer(self, params: list[Tensor], lr: float, default: Callable[..., torch.optim.Optimizer]):
         """The local optimizer for one client's round; default: the loop's (SGD, wd 1e-3)."""
         return default(params, lr=lr)

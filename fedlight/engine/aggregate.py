@@ -11,6 +11,7 @@ meaning in its spelling.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,8 +89,11 @@ class Accumulator:
         self.tree = _rebuild([path for path, _ in leaves],
                              [torch.zeros(shape, dtype=torch.float64, device=self.device) for _, shape in leaves])
 
-    def reduce(self, fabric: Any) -> Reduced:
-        """All-reduce (sum) across ranks and normalise. Every rank gets the same result."""
+    def reduce(self, fabric: Any, privatize: Callable[[dict[str, Any], float], float | None] | None = None
+               ) -> Reduced:
+        """All-reduce (sum) across ranks and normalise. Every rank gets the same result. ``privatize(sums, count)``
+        (a private server's, :mod:`fedlight.privacy.server`) may change the summed ``delta``/``extras``/``metrics``
+        in place first and return the denominator of Δ and the averaged extras (``None``: ``Σ w_i``)."""
         leaves = _leaves(self.tree)
         flat = [v for _, v in leaves]
         dev = flat[0].device
@@ -101,10 +105,12 @@ class Accumulator:
             self.tree = _rebuild([p for p, _ in leaves], flat)
         c = dict(zip(COUNTERS, counters.tolist()))
         W, n, t = c["weight"], c["count"], self.tree
+        div = privatize(t, n) if privatize is not None else None
+        D = W if div is None else div
         mean = lambda v, div: (v / div).to(self.dtype)  # noqa: E731
         result = ClientResult(
-            delta={k: mean(v, W) for k, v in t["delta"].items()}, num_samples=int(c["num_samples"]),
-            extras={e: {k: mean(v, 1.0 if e in self.summed else W) for k, v in p.items()}
+            delta={k: mean(v, D) for k, v in t["delta"].items()}, num_samples=int(c["num_samples"]),
+            extras={e: {k: mean(v, 1.0 if e in self.summed else D) for k, v in p.items()}
                     for e, p in t["extras"].items()},
             metrics={k: v / n for k, v in t["metrics"].items()})
         return Reduced(result=result, buffers={k: v / W for k, v in t["buffers"].items()},

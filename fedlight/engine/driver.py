@@ -187,6 +187,8 @@ class FitDriver:
             summary["segments"] = loop.state.segments
         if task.effective:
             summary["local_optimization"] = task.effective
+        if hasattr(loop.server, "summary"):  # a private run (fedlight.privacy): ε, δ, σ, C, q, rounds, accountant
+            summary["privacy"] = loop.server.summary()
         state = None
         if loop.fabric.global_rank == 0:
             loop.load_global()

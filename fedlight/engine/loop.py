@@ -189,7 +189,8 @@ class FederatedLoop:
             st.rounds_done = r + 1
         else:
             got.acc.ensure(got.layout)
-            red = got.acc.reduce(self.fabric)
+            hook = getattr(self.server, "privatize", None)  # a private server's (fedlight.privacy): noise added once
+            red = got.acc.reduce(self.fabric, hook and (lambda sums, n: hook(sums, n, r)))
             x_old = st.params
             self._advance(r, red, got, plan)
             row.measure(red, st.params, x_old, got.start if got.start is not None else x_old,

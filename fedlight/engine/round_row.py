@@ -77,7 +77,7 @@ class RoundRow:
     def as_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in vars(self).items() if k not in ("rule", "server") and v is not None}
         out.update({k if "/" in k else f"rule/{k}": v for k, v in self.rule.items()})  # "train/..": a task's logs
-        out.update({f"server/{k}": v for k, v in self.server.items()})
+        out.update({k if "/" in k else f"server/{k}": v for k, v in self.server.items()})  # "privacy/..": a wrapper's
         return out
 
 

@@ -15,6 +15,7 @@ from fedlight.core.loop_config import LoopConfig
 from fedlight.core.registry import get_algorithm
 
 ALGOS = fedlight.list_algorithms()
+MP_NAMES = [*ALGOS, "privacy_rules:DPScaffold"]
 
 
 @pytest.mark.parametrize("name", ALGOS)
@@ -94,7 +95,8 @@ def _tiny_data():
 def test_one_and_two_processes_agree(tmp_path):
     """Every rule, 2 rounds, on 1 process and on 2 gloo processes (client-parallel): same global model. The script's
     1-process run is made in this process (no interpreter start); its 2 processes are real ones, and the run they
-    save covers every registered rule."""
+    save covers every registered rule, and a private one (tests/privacy_rules.py: its central noise is drawn once
+    from (seed, round) and added to the all-reduced sum, so 2 processes equal 1)."""
     import importlib.util
 
     script = Path(__file__).with_name("mp_contract.py")
@@ -103,15 +105,15 @@ def test_one_and_two_processes_agree(tmp_path):
     spec.loader.exec_module(mp_contract)
     threads = torch.get_num_threads()
     try:
-        mp_contract.main(1, str(tmp_path / "p1.pt"), "sequential", *ALGOS)
+        mp_contract.main(1, str(tmp_path / "p1.pt"), "sequential", *MP_NAMES)
     finally:
         torch.set_num_threads(threads)
-    res = subprocess.run([sys.executable, str(script), "2", str(tmp_path / "p2.pt")], capture_output=True, text=True,
-                         timeout=900, cwd=script.parent)
+    res = subprocess.run([sys.executable, str(script), "2", str(tmp_path / "p2.pt"), "sequential", *MP_NAMES],
+                         capture_output=True, text=True, timeout=900, cwd=script.parent)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     outs = {n: torch.load(tmp_path / f"p{n}.pt", weights_only=True) for n in (1, 2)}
-    assert sorted(outs[2]) == sorted(outs[1]) == ALGOS
-    for name in ALGOS:
+    assert sorted(outs[2]) == sorted(outs[1]) == sorted(MP_NAMES)
+    for name in MP_NAMES:
         for k, v in outs[1][name].items():
             torch.testing.assert_close(outs[2][name][k], v, rtol=0, atol=1e-6, msg=f"{name}: {k}")
 
