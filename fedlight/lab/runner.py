@@ -222,15 +222,18 @@ def run_all(runs: list[Run], jobs: int, slots: list[str] | None = None, env: dic
             print(f"[{sum(counts.values())}{total}] {run.label}: {status} ({time.time() - t:.0f} s){hint}", flush=True)
 
     items = iter(todo)
-    take = threading.Lock()
+    take, errors = threading.Lock(), []
 
     def worker() -> None:
-        while True:
-            with take:
-                unit = next(items, None) if source is None else (None if children.signal else source())
-            if unit is None:
-                return
-            go(unit)
+        try:
+            while True:
+                with take:
+                    unit = next(items, None) if source is None else (None if children.signal else source())
+                if unit is None:
+                    return
+                go(unit)
+        except BaseException as e:  # noqa: BLE001 - raised again by the caller's thread, below
+            errors.append(e)
 
     with children.forwarding():
         threads = [threading.Thread(target=worker, daemon=True) for _ in range(jobs)]
@@ -238,6 +241,8 @@ def run_all(runs: list[Run], jobs: int, slots: list[str] | None = None, env: dic
             th.start()
         for th in threads:
             th.join()
+    if errors:
+        raise errors[0]
     wall = time.time() - t0
     print(f"{sum(counts.values())} runs in {wall:.0f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items())
           + f"; {rounds[0]} rounds, {rounds[0] / max(wall, 1e-9):.2f} rounds/s of the table ({jobs} at a time)",

@@ -161,7 +161,11 @@ class Job:
 
     def tell(self, unit: Trial, value: float | None, state) -> None:
         with self.lock:
-            self.studies[unit.row].tell(unit.trial.number, value, state=state if value is None else None)
+            try:
+                self.studies[unit.row].tell(unit.trial.number, value, state=state if value is None else None)
+            except RuntimeError as e:  # the grid sampler stops the study at its last point (the state is stored)
+                if "Study.stop" not in str(e):
+                    raise
 
     def left(self) -> int:
         return sum(max(0, self.tune.trials - len(s.get_trials(deepcopy=False))) for s in self.studies.values())
@@ -191,6 +195,7 @@ def cmd_tune(argv: list[str]) -> int:
                    "the shared storage (give a --storage all of them reach, e.g. PostgreSQL)")
     runner.cluster_arguments(p)
     a = p.parse_args(argv)
+    tune_study.need_optuna()
     spec_path = find_spec(a.spec)
     spec = load_spec(spec_path)
     where = f"table spec {spec_path}"

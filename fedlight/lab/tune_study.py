@@ -20,6 +20,14 @@ PROTOCOL = "fedlight"
 WORKER = "worker"
 
 
+def need_optuna() -> None:
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        raise ConfigError("`fedlight tune` and `--tuned` need Optuna: pip install 'fedlight[tune]' (or pip install "
+                          "optuna)") from None
+
+
 def storage_url(text: str | None, out: Path) -> str:
     """``--storage`` (any SQLAlchemy URL), else SQLite beside the runs: ``OUT/study.db``."""
     return text or f"sqlite:///{(Path(out) / 'study.db').resolve()}"
@@ -161,6 +169,7 @@ def best(storage_or_url, name: str):
 def tuned_values(spec_path: Path, rows: list[str], tuned: str) -> dict[str, dict[str, Any]]:
     """``fedlight reproduce --tuned``: row -> the best values of its study. ``tuned``: a ``fedlight tune`` output
     folder (its ``tune.json`` names the storage and the study) or a storage URL (studies ``<spec name>/<row>``)."""
+    need_optuna()
     folder = Path(tuned)
     if "://" in tuned:
         url, name = tuned, spec_path.stem
