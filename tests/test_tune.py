@@ -133,6 +133,10 @@ def study(tmp_path_factory):
     killed_at = len(_rows(second))
     storage = optuna.storages.RDBStorage(f"sqlite:///{out / 'study.db'}")
     before = optuna.load_study(study_name="spec/fedavg", storage=storage).get_trials()
+    import lightning  # noqa: F401  (imported here once, not in each forked run)
+
+    import fedlight.config.api  # noqa: F401
+
     forked: dict = {}
     exec(FORKED, forked)
     with pytest.MonkeyPatch.context() as here:  # the same command again, here (its runs forked from this process)
