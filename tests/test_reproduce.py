@@ -69,6 +69,21 @@ def test_rounds_to_target_on_a_hand_made_curve(tmp_path):
         report.metric_value(run, "last_test_acc:x")
 
 
+def test_per_round_keys_final_last_and_variance_on_a_hand_made_curve(tmp_path):
+    """``final_<key>``, ``last_<key>:<k>`` and ``var_<key>:<k>`` of any per-round key (the FedCM-client table's loss
+    variance and momentum columns): values by hand from the curve, population variance over the last k rounds."""
+    run = fake_run(tmp_path / "run", [0.1, 0.2, 0.3, 0.4], losses=[4.0, 1.0, 2.0, 6.0])
+    assert report.metric_value(run, "var_train_loss:3") == pytest.approx(((1 - 3) ** 2 + (2 - 3) ** 2 + 3 ** 2) / 3)
+    assert report.metric_value(run, "var_train_loss:10") == pytest.approx(3.6875)  # all four: mean 3.25
+    assert report.metric_value(run, "last_train_loss:2") == pytest.approx(4.0)
+    assert report.metric_value(run, "final_round_time_s") == 0.5
+    assert report.metric_label("var_train_loss:100") == "variance of train_loss over the last 100 rounds"
+    assert report.stats("var_train_loss:100", [0.00123, 0.00456])["text"] == "0.00290 ± 0.00235"
+    for bad in ("var_train_loss", "last_train_loss:0", "final_train_loss_x:3"):
+        with pytest.raises(ConfigError, match="var_train_loss:100|unknown metric"):
+            report.metric_value(run, bad)
+
+
 def test_stats_and_paper_numbers():
     s = report.stats("final_test_acc", [80.0, 82.0, 84.0])
     assert (s["mean"], s["n"]) == (82.0, 3) and math.isclose(s["std"], 2.0) and s["text"] == "82.00 ± 2.00"

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningDataModule
 from torch import nn
 
 from fedlight.algorithms import FedAvg
@@ -26,6 +25,7 @@ from fedlight.core.rules import Algorithm
 from fedlight.core.spec import build, describe
 from fedlight.data import FederatedDataModule, as_federated
 from fedlight.data.augment import adopt_preprocessing
+from fedlight.data.mapstyle import DataModuleLike
 from fedlight.engine.driver import FitDriver
 from fedlight.errors import ConfigError, check
 from fedlight.run import stops, trackers
@@ -69,7 +69,7 @@ class Plan:
 
 def fit(
     model: nn.Module,
-    data: FederatedDataModule | LightningDataModule,
+    data: FederatedDataModule | DataModuleLike | None = None,
     algorithm: Algorithm | None = None,
     loop: LoopConfig = LoopConfig(),  # noqa: B008 - a frozen-by-convention default; jsonargparse reads it
     seed: int = 0,
@@ -94,8 +94,8 @@ def fit(
             ``fit`` then builds it after ``torch.manual_seed(seed)`` (as the CLI does) and records it in
             ``config.yaml``.
         data: a federated data module: dataset + partition (e.g. ``fedlight.data.CIFAR10``), or a
-            ``LightningDataModule`` (wrapped in :class:`fedlight.data.DataModuleClients` with its defaults; wrap it
-            yourself to choose the clients and the partition).
+            ``LightningDataModule`` (wrapped in :class:`fedlight.data.DataModuleClients`, which chooses clients and
+            partition); ``None``: a LightningModule's own dataloaders.
         algorithm: the federated rule pair (e.g. ``fedlight.algorithms.FedNSAM``); default FedAvg.
         loop: rounds, sampling, local steps, optimizer, schedule, evaluation and checkpoint settings.
         seed: every random stream (sampling, data order, augmentation, init) derives from it.
@@ -157,6 +157,7 @@ def _record(fabric, plan: Plan) -> RunRecord:
     """The run record, its directory locked by this run (every process agrees)."""
     record = RunRecord(plan.out, rank0=fabric.global_rank == 0, rounds=plan.loop.rounds, progress=plan.loop.progress,
                        hint=recorded.lr_hint(plan.algorithm, plan.loop))
+    record.tensorboard = plan.trackers[0]
     record.rotate = plan.ckpt_path is None or plan.ckpt_path.name != "prev.ckpt"  # else last.ckpt is damaged
     launch.agree(fabric, record.acquire)
     if plan.clear == "reuse":  # said once the directory is ours (a run refused by the lock replaces nothing)
@@ -192,7 +193,7 @@ def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, t
     """Check the arguments, build a model given as a spec, describe the recipe and name the run directory."""
     algorithm = algorithm if algorithm is not None else _default_algorithm()
     loop = python_defaults(algorithm, loop) if text is None else loop  # the CLI chose them already
-    data = as_federated(data)
+    data = as_federated(data_or_own(data, model))
     _check_args(algorithm, data, loop, *world)
     accelerator, precision = _resolve_device(accelerator, precision, algorithm)
     model, text = _model_and_config(model, data, algorithm, task, loop, seed, precision, text)
@@ -202,6 +203,18 @@ def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, t
     return Plan(model=model, data=data, algorithm=algorithm, task=task, loop=loop, seed=seed, accelerator=accelerator,
                 precision=precision, text=text, defining=defining, execution=execution,
                 out=Path(out_dir) if out_dir else Path("runs") / name)
+
+
+def data_or_own(data, model) -> Any:
+    """``data``; not given: a LightningModule's own data hooks (the module), else one line naming the setting."""
+    from fedlight.tasks.lightning.module_data import carries_data
+
+    if data is not None:
+        return data
+    if isinstance(model, (dict, str)) or not carries_data(model):
+        raise ConfigError("`data` is missing: give a data module (e.g. `--data fedlight.data.CIFAR10`, or a "
+                          "LightningDataModule), or a LightningModule that defines its own train_dataloader")
+    return model
 
 
 def _annotate(record: RunRecord, driver: FitDriver, plan: Plan) -> None:
@@ -260,6 +273,7 @@ def _prepare(fabric, plan: Plan, record: RunRecord) -> FitDriver:
     """The data, set up, then the driver (:meth:`FitDriver.prepare`: task, local optimization, loop, probe, resume):
     everything that may refuse the run, before any file is written."""
     data = plan.data
+    _lightning_data(fabric, plan.model, data)
     data.input_dtype = torch.float64 if plan.precision == "64-true" else torch.float32  # float64 data stays float64
     if (note := adopt_preprocessing(plan.model, data)) is not None:  # a pretrained model's mean/std, interpolation
         fabric.print(f"fedlight: {note}")
@@ -270,6 +284,18 @@ def _prepare(fabric, plan: Plan, record: RunRecord) -> FitDriver:
     return FitDriver.prepare(fabric, plan.model, data, plan.algorithm, plan.loop, plan.seed, plan.out, plan.task,
                              record, resume=None if plan.ckpt is None else (plan.ckpt, plan.ckpt_path),
                              settings=plan.defining, execution=plan.execution)
+
+
+def _lightning_data(fabric, model, data) -> None:
+    """A LightningModule's own data hooks see the run's Fabric in ``setup``; a module with its own ``training_step``
+    gets its batches as the loader yields them (string labels only split the clients)."""
+    from fedlight.tasks.lightning.compat import is_lightning_module, overrides
+    from fedlight.tasks.lightning.module_data import own_data
+
+    if own_data(data):
+        data.datamodule.fabric = fabric
+    if hasattr(data, "map_labels") and is_lightning_module(model) and overrides(model, "training_step"):
+        data.map_labels = False
 
 
 def _default_algorithm() -> Algorithm:

@@ -183,8 +183,11 @@ def _print_summary(s: dict) -> None:
 
 
 def cmd_partition(argv: list[str]) -> int:
+    from fedlight.config.api import data_or_own
+    from fedlight.data import as_federated
+
     kwargs, _ = _parse("fedlight partition", argv)
-    data = kwargs["data"]
+    data = as_federated(data_or_own(kwargs["data"], kwargs["model"]))
     data.setup("cpu", kwargs.get("seed", 0))
     print(data.partition_report())
     return 0

@@ -14,9 +14,12 @@ from fedlight.core.spec import describe
 
 
 def recipe_text(model, data, algorithm, task, loop, seed, precision=None, model_spec=None) -> str:
-    """The resolved recipe of a Python-API run: class paths with the constructor arguments that can be recovered."""
+    """The resolved recipe of a Python-API run: class paths with the constructor arguments that can be recovered
+    (``data: null`` for a LightningModule's own data hooks)."""
+    from fedlight.tasks.lightning.module_data import own_data
+
     return yaml.safe_dump({"seed": seed, "precision": precision, "model": model_spec or describe(model),
-                           "data": describe(data), "algorithm": describe(algorithm),
+                           "data": None if own_data(data) else describe(data), "algorithm": describe(algorithm),
                            **({"task": describe(task)} if task is not None else {}),
                            "loop": dataclasses.asdict(loop)}, sort_keys=False)
 

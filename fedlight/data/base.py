@@ -255,9 +255,13 @@ class FederatedDataModule:
         self._require_setup()
         return len(self._parts[client_id])
 
+    drop_last: bool = False
+    """Drop each epoch's last, incomplete batch (a ``DataLoader(drop_last=True)`` of the author's data); a client with
+    fewer samples than ``batch_size`` still trains on one batch of all of them."""
+
     def steps_per_epoch(self, client_id: int) -> int:
-        """``ceil(num_samples / batch_size)``."""
-        return math.ceil(self.num_samples(client_id) / self.batch_size)
+        """``ceil(num_samples / batch_size)`` (``floor``, at least 1, with :attr:`drop_last`)."""
+        return _per_epoch(self.num_samples(client_id), self.batch_size, self.drop_last)
 
     # ------------------------------------------------------------------ batches
     memory_format: torch.memory_format = torch.contiguous_format
@@ -310,8 +314,8 @@ class FederatedDataModule:
         """Positions (into the client's samples) of its next ``num_steps`` batches, and each step's ``[start, end)``
         in them: epochs of fresh permutations drawn from ``generator`` (one ``randperm`` per epoch)."""
         n = len(self._client_idx[client_id])
-        bounds = _step_bounds(n, self.batch_size, num_steps)
-        epochs = math.ceil(num_steps / math.ceil(n / self.batch_size))
+        bounds = _step_bounds(n, self.batch_size, num_steps, self.drop_last)
+        epochs = math.ceil(num_steps / _per_epoch(n, self.batch_size, self.drop_last))
         order = torch.cat([torch.randperm(n, generator=generator) for _ in range(epochs)])[: bounds[-1][1]]
         return order, bounds
 
@@ -323,7 +327,8 @@ class FederatedDataModule:
     def batch_sizes(self, client_id: int, num_steps: int) -> tuple[int, ...]:
         """The sizes of the ``num_steps`` batches :meth:`client_batches` yields for ``client_id``."""
         self._require_setup()
-        return tuple(b - a for a, b in _step_bounds(len(self._client_idx[client_id]), self.batch_size, num_steps))
+        n = len(self._client_idx[client_id])
+        return tuple(b - a for a, b in _step_bounds(n, self.batch_size, num_steps, self.drop_last))
 
     def test_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """Yield the global test set in ``eval_batch_size`` chunks: normalised, never augmented."""
@@ -403,9 +408,15 @@ def partition_labels(partition: Partitioner, y: Tensor, data) -> np.ndarray:
     return np.zeros(len(y), dtype=np.int64)
 
 
-def _step_bounds(n: int, bs: int, num_steps: int) -> list[tuple[int, int]]:
-    """``[start, end)`` of each step's batch in the concatenation of epochs (each a permutation of ``n``)."""
-    per_epoch = math.ceil(n / bs)
+def _per_epoch(n: int, bs: int, drop_last: bool = False) -> int:
+    """Batches in an epoch of ``n`` samples: ``ceil(n / bs)``, or ``max(1, n // bs)`` when the last is dropped."""
+    return max(1, n // bs) if drop_last else math.ceil(n / bs)
+
+
+def _step_bounds(n: int, bs: int, num_steps: int, drop_last: bool = False) -> list[tuple[int, int]]:
+    """``[start, end)`` of each step's batch in the concatenation of epochs (each a permutation of ``n``); with
+    ``drop_last`` an epoch's incomplete last batch is not used."""
+    per_epoch = _per_epoch(n, bs, drop_last)
     bounds = []
     for s in range(num_steps):
         e, k = divmod(s, per_epoch)

@@ -13,9 +13,10 @@ from torch import Tensor
 from fedlight.errors import ConfigError
 
 
-def label_tensor(values: Any, where: str) -> tuple[Tensor, dict[Any, int] | None]:
+def label_tensor(values: Any, where: str, in_batches: bool = True) -> tuple[Tensor, dict[Any, int] | None]:
     """``values`` (a dataset's ``targets``, or ``label_fn`` over its samples) as a tensor, and the mapping used
-    when they are strings (sorted names → 0, 1, ...; printed once); other labels that are not numbers are refused."""
+    when they are strings (sorted names → 0, 1, ...; printed once, saying whether the batches' labels are mapped too:
+    ``in_batches``); other labels that are not numbers are refused."""
     try:
         array = np.asarray(values)
     except (TypeError, ValueError):
@@ -29,7 +30,11 @@ def label_tensor(values: Any, where: str) -> tuple[Tensor, dict[Any, int] | None
                           "indices; pass `label_fn` (sample -> an int or a str class name) that returns them")
     mapping = {name: i for i, name in enumerate(sorted(set(flat)))}
     shown = ", ".join(f"{k!r}: {v}" for k, v in list(mapping.items())[:20]) + (", ..." if len(mapping) > 20 else "")
-    print(f"fedlight: note: string labels from {where} mapped to class indices {{{shown}}}", file=sys.stderr)
+    if in_batches:
+        print(f"fedlight: note: string labels from {where} mapped to class indices {{{shown}}}", file=sys.stderr)
+    else:
+        print(f"fedlight: note: string labels from {where} read as classes {{{shown}}} to split the clients; the "
+              "batches keep them as your loader yields them", file=sys.stderr)
     return torch.as_tensor([mapping[v] for v in flat], dtype=torch.int64), mapping
 
 

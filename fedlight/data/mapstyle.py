@@ -41,14 +41,21 @@ class DatasetClients(FederatedDataModule):
         collate_fn: how samples become a batch (default PyTorch's ``default_collate``).
         eval_batch_size: batch size of the test batches.
         num_classes: number of classes, when the labels do not tell (``None``: ``max label + 1``).
+        drop_last: drop each epoch's incomplete last batch of a client, as ``DataLoader(drop_last=True)``.
     """
+
+    map_labels: bool = True
+    """String labels become class indices in the batches too (fedlight's own tasks need them); ``fit`` sets it
+    ``False`` for a LightningModule with its own ``training_step``, whose batches stay as the loader yields them
+    (the labels then only split the clients)."""
 
     def __init__(self, train: Dataset, test: Dataset | None = None, num_clients: int = 10, batch_size: int = 32,
                  partition: Partitioner | None = None, label_fn: Callable[[Any], Any] | None = None,
                  client_fn: Callable[[Any], Any] | None = None, collate_fn: Callable | None = None,
-                 eval_batch_size: int = 256, num_classes: int | None = None) -> None:
+                 eval_batch_size: int = 256, num_classes: int | None = None, drop_last: bool = False) -> None:
         super().__init__(num_clients=num_clients, batch_size=batch_size, partition=partition,
                          eval_batch_size=eval_batch_size)
+        self.drop_last = drop_last
         self.train, self.test = train, test
         self.label_fn, self.client_fn = label_fn, client_fn
         self.collate_fn = collate_fn or default_collate
@@ -88,11 +95,11 @@ class DatasetClients(FederatedDataModule):
         for attr in ("targets", "labels"):
             found = getattr(train, attr, None)
             if found is not None and not callable(found):
-                labels, self._class_to_idx = label_tensor(found, f"the train set's `{attr}`")
+                labels, self._class_to_idx = label_tensor(found, f"the train set's `{attr}`", self.map_labels)
                 return labels
         if self.label_fn is not None:
             labels, self._class_to_idx = label_tensor([self.label_fn(train[i]) for i in range(len(train))],
-                                                      "`label_fn`")
+                                                      "`label_fn`", self.map_labels)
             return labels
         return None
 
@@ -142,7 +149,7 @@ class DatasetClients(FederatedDataModule):
     def _to_device(self, batch: Any) -> Any:
         from lightning.fabric.utilities.apply_func import move_data_to_device
 
-        batch = map_batch(batch, self._class_to_idx)
+        batch = map_batch(batch, self._class_to_idx if self.map_labels else None)
         batch = move_data_to_device(batch, self.device)
         if self.input_dtype == torch.float64:  # 64-true: floating inputs keep full precision
             from lightning.fabric.utilities.apply_func import apply_to_collection
@@ -207,6 +214,7 @@ class DataModuleClients(DatasetClients):
             dm.setup("fit")
             loader = dm.train_dataloader()
             self.train, self.collate_fn = loader.dataset, loader.collate_fn or default_collate
+            self.drop_last = bool(getattr(loader, "drop_last", False))
             if self._batch_size_given is None:
                 self.batch_size = loader.batch_size or 1
             self._loaded = True
@@ -247,13 +255,16 @@ def as_federated(data: Any) -> FederatedDataModule:
     if isinstance(data, FederatedDataModule):
         return data
     from fedlight.tasks.lightning.compat import is_lightning_datamodule
+    from fedlight.tasks.lightning.module_data import ModuleData, carries_data
 
-    if is_lightning_datamodule(data):
-        wrapped = DataModuleClients(data)
-        print(f"fedlight: note: {type(data).__name__} split into {wrapped.num_clients} IID clients; pass "
-              f"fedlight.data.DataModuleClients({type(data).__name__}(...), num_clients=..., partition=...) to "
-              "choose", file=sys.stderr)
+    if is_lightning_datamodule(data) or carries_data(data):
+        own = carries_data(data)
+        wrapped = DataModuleClients(ModuleData(data) if own else data)
+        what = f"{type(data).__name__}'s own train_dataloader" if own else type(data).__name__
+        inner = "fedlight.tasks.lightning.ModuleData(model)" if own else f"{type(data).__name__}(...)"
+        print(f"fedlight: note: {what} split into {wrapped.num_clients} IID clients; pass "
+              f"fedlight.data.DataModuleClients({inner}, num_clients=..., partition=...) to choose", file=sys.stderr)
         return wrapped
-    raise ConfigError(f"`data` must be a fedlight data module (e.g. fedlight.data.FashionMNIST) or a "
-                      f"LightningDataModule, got {type(data).__name__}; wrap a Dataset in "
-                      "fedlight.data.DatasetClients(train, test)")
+    raise ConfigError(f"`data` must be a fedlight data module (e.g. fedlight.data.FashionMNIST), a "
+                      f"LightningDataModule or a LightningModule with its own train_dataloader, got "
+                      f"{type(data).__name__}; wrap a Dataset in fedlight.data.DatasetClients(train, test)")

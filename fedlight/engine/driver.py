@@ -53,6 +53,8 @@ class FitDriver:
         states' folder, the resume (``(checkpoint, path)``: checked against the run and its defining ``settings``,
         then restored) and the run segment of the ``execution`` settings."""
         task = resolve_task(task, model, data)  # set up by the loop, with the data
+        if hasattr(task, "record"):  # a LightningModule's self.logger writes the run's TensorBoard
+            task.record = record
         cfg, optimizer, algorithm = local_optimization(fabric, model, task, algorithm, cfg, data)
         driver = cls(FederatedLoop(fabric, model, data, algorithm, cfg, seed, out_dir, task, optimizer), record)
         driver.probe()  # one batch through model + task: a mismatch is refused before round 1

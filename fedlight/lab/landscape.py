@@ -391,7 +391,11 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: 
     cfg = run_dir / "config.yaml"
     check(cfg.is_file(), f"{run_dir} is not a fedlight run directory (no config.yaml)")
     kwargs, _ = _parse("fedlight fit", ["--config", str(cfg)])
-    model, data, seed = kwargs["model"], kwargs["data"], int(kwargs.get("seed", 0))
+    from fedlight.config.api import data_or_own
+    from fedlight.data import as_federated
+
+    model, seed = kwargs["model"], int(kwargs.get("seed", 0))
+    data = as_federated(data_or_own(kwargs["data"], model))  # a LightningDataModule, or the module's own hooks
     if checkpoint in (None, "final"):
         weights = run_dir / "final_model.pt"
         check(weights.is_file(), f"{run_dir} has no final_model.pt (unfinished run?); pass `--checkpoint last` to use "

@@ -28,6 +28,11 @@ METRICS = ("final_test_acc", "best_test_acc", "seconds_per_round", "final_train_
 """The classic metrics; any task metric also works as ``final_test_<m>``, ``best_test_<m>`` or ``last_test_<m>:<k>``
 (``test_<m>`` a key of ``metrics.jsonl``, e.g. ``final_test_mse``, ``last_test_perplexity:10``)."""
 TASK_METRIC = re.compile(r"^(final|best)_(test_\w+)$|^last_(test_\w+):(\d+)$")
+ROUND_METRIC = re.compile(r"^(final|last|var)_(?!test_)([A-Za-z][\w/]*?)(?::(\d+))?$")
+"""Any other per-round key of ``metrics.jsonl`` (``train_loss``, ``server/momentum_variance``, ``rule/...``):
+``final_<key>`` its last value, ``last_<key>:<k>`` the mean and ``var_<key>:<k>`` the population variance of its last
+``k`` values (e.g. ``var_train_loss:100``, the round-to-round variance of the training loss over the last 100
+rounds)."""
 
 
 def find_runs(paths: list[str | Path]) -> list[Path]:
@@ -123,6 +128,10 @@ def curve_key(metric: str) -> str | None:
 def check_metric(metric: str) -> None:
     if metric.startswith("rounds_to_target:"):
         check(target_fraction(metric) > 0, f"`{metric}`: the target must be a positive number")
+    elif metric not in METRICS and (m := ROUND_METRIC.match(metric)) is not None:
+        check((m.group(1) == "final") == (m.group(3) is None) and (m.group(3) is None or int(m.group(3)) > 0),
+              f"`{metric}`: final_<key> takes no count; last_<key>:<k> and var_<key>:<k> need a positive k, "
+              "e.g. var_train_loss:100")
     elif metric.startswith("last_"):
         m = TASK_METRIC.match(metric)
         check(m is not None and int(m.group(4)) > 0,
@@ -146,9 +155,21 @@ def metric_value(run: Path, metric: str) -> float | None:
         return rounds_to_target(read_curve(run), t, head["metric"], head["higher_is_better"])
     key = curve_key(metric)
     v = summary.get(metric)
+    if v is None and key is None and (m := ROUND_METRIC.match(metric)) is not None:
+        return round_value(read_curve(run), m.group(1), m.group(2), int(m.group(3) or 1))
     if v is None and key is not None:
         v = from_curve(read_curve(run), metric, key, summary)
     return None if v is None else (100 * v if key is not None and is_fraction(key) else v)
+
+
+def round_value(curve: list[dict[str, Any]], kind: str, key: str, k: int) -> float | None:
+    """``final``/``last``/``var`` of a per-round key over its last ``k`` finite values (None: the run has none)."""
+    check(not curve or any(key in r for r in curve), f"unknown metric `{kind}_{key}`: no round of the run reports "
+          f"`{key}` (its metrics.jsonl has {', '.join(sorted({x for r in curve[-1:] for x in r}))})")
+    vals = [float(r[key]) for r in curve if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])][-k:]
+    if not vals:
+        return None
+    return vals[-1] if kind == "final" else statistics.fmean(vals) if kind == "last" else statistics.pvariance(vals)
 
 
 def from_curve(curve: list[dict[str, Any]], metric: str, key: str, summary: dict[str, Any]) -> float | None:
@@ -180,6 +201,10 @@ def metric_label(metric: str) -> str:
     if metric.startswith("rounds_to_target:"):
         return f"rounds to {metric.split(':', 1)[1]} (headline test metric)"
     key = curve_key(metric)
+    if metric not in METRICS and (m := ROUND_METRIC.match(metric)) is not None:
+        kind, name, k = m.groups()
+        return {"final": f"final {name}", "last": f"mean {name} over the last {k} rounds",
+                "var": f"variance of {name} over the last {k} rounds"}[kind]
     if key is None:
         return {"seconds_per_round": "seconds per round", "final_train_loss": "final train loss"}[metric]
     name = {"acc": "accuracy", "mcc": "MCC (Matthews correlation)", "f1": "F1"}.get(
@@ -200,6 +225,8 @@ def stats(metric: str, vals: list) -> dict[str, Any]:
     digits = {"seconds_per_round": 3, "final_train_loss": 4}.get(metric, 2)
     if metric.startswith("rounds"):
         digits = 0 if mean is None or mean == int(mean) else 1
+    elif metric not in METRICS and ROUND_METRIC.match(metric) and got:  # 3 significant digits of the smallest
+        digits = max(2, 2 - math.floor(math.log10(min(abs(v) for v in got) or 1.0)))
     text = "not run" if not done else "not reached" if not got else \
         f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
     if got and len(got) < len(done):

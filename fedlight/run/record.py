@@ -96,6 +96,8 @@ class RunRecord:
         self.lock = RunLock(self.out)
         self.writer = CheckpointWriter() if rank0 else None
         self.logger = None
+        self.tensorboard = True  # whether the run writes TensorBoard (`loggers`); open() confirms it
+        self.opened = False  # open() ran: the run's files are being written
         self.trackers = None  # MLflow, W&B, CSV, ... (fedlight.run.trackers.Trackers), fed beside TensorBoard
         self.progress = Progress(rounds, enabled=progress and rank0)
         self.watch = RoundWatch(hint)
@@ -114,6 +116,7 @@ class RunRecord:
              tensorboard: bool = True) -> None:
         """First writes of the run (after every check): clear on ``overwrite``, ``config.yaml`` (a fresh run only),
         TensorBoard config and partition."""
+        self.tensorboard, self.opened = tensorboard, True
         if not self.rank0:
             return
         with _disk_errors(self.out / "config.yaml"):
@@ -126,6 +129,15 @@ class RunRecord:
                 atomic.atomic_write_text(self.out / "config.yaml", side_files.seal_config(config_text))
         if tensorboard:  # off the critical path: importing TensorBoard and drawing the partition take ~0.5 s
             self.writer.submit(lambda: self._open_tensorboard(config_text, data))
+
+    def summary_writer(self) -> Any:
+        """The run's TensorBoard ``SummaryWriter`` (``RUN/tb``) once the record is open on global rank 0 with
+        TensorBoard on, else ``None`` (a LightningModule's ``self.logger.experiment``)."""
+        if not (self.rank0 and self.opened and self.tensorboard):
+            return None
+        if self.logger is None:
+            self.writer.wait()  # opened in the background
+        return self.logger.writer if self.logger is not None else None
 
     def _open_tensorboard(self, config_text: str | None, data: Any) -> None:
         from fedlight.run.tensorboard import RunLogger

@@ -75,6 +75,47 @@ def test_golden_partial_participation_and_persistence():
     assert sample_clients(N, 2, 0, 2) == [1, 3] and 0 in sample_clients(N, 2, 0, 3)  # the pattern described above
 
 
+def test_a_dropped_client_keeps_its_buffer_and_decays_only_when_it_trains_again():
+    """The page: a client that drops out for some rounds keeps its buffer, which decays only when it trains again.
+    With ``loop.client_dropout`` = 0.5 (seed 0, 4 clients, 3 sampled a round) client 0 trains in round 0, is sampled
+    but drops in round 1, is not sampled in round 2 and trains in round 3; client 1 trains in round 0, drops in
+    round 2 and trains in round 3. A dropped client does not train: its stored v_k stays bitwise, and the reference
+    (one β per local step it trains, none per round it misses, mean over the clients that report) is the loop's."""
+    from fedlight.core.sampling import client_fails
+
+    beta, K, R, N, p = 0.9, 2, 5, 4, 0.5
+    clients, theta = problem(num_clients=N)
+    loop = make_loop(fedlight.create("fedcm_client", beta=beta), clients, linear_model(theta), local_steps=K, lr=LR,
+                     rounds=R, clients_per_round=3, client_dropout=p)
+    x, v, kept = theta, [None] * N, []
+    for r in range(R):
+        S = sample_clients(N, 3, 0, r)
+        dropped = [i for i in S if client_fails(0, r, i, p)]
+        before = {i: stored_v(loop, i) for i in loop.store.ids()}
+        deltas = []
+        for i in (i for i in S if i not in dropped):
+            vi = v[i] if v[i] is not None else {k: np.zeros_like(t) for k, t in theta.items()}
+            y = dict(x)
+            for _ in range(K):
+                vi = lin((beta, vi), (1, grad(y, *clients[i])))  # v ← βv + g, from the kept buffer
+                y = lin((1, y), (-LR, vi))
+            v[i] = vi
+            deltas.append(lin((1, y), (-1, x)))
+        if deltas:
+            x = lin((1, x), *[(1 / len(deltas), d) for d in deltas])
+        row = loop.run_round(r)
+        assert row["clients_dropped"] == len(dropped)
+        assert_params_close(np_params(loop.x), x)
+        for i in dropped:
+            if i in before:  # dropped with a buffer: bitwise the same after the round
+                kept.append((r, i))
+                for k, t in stored_v(loop, i).items():
+                    np.testing.assert_array_equal(t, before[i][k])
+        for i in loop.store.ids():
+            assert_params_close(stored_v(loop, i), v[i])
+    assert kept == [(1, 0), (2, 1), (2, 2)]  # the absences described above, and client 2's (trained in round 1)
+
+
 def test_round0_starts_from_zero_buffers():
     clients, theta = problem()
     loop = make_loop(fedlight.create("fedcm_client", beta=0.9), clients, linear_model(theta), local_steps=1, lr=LR,

@@ -44,7 +44,7 @@ def user_code_error(e: BaseException, record: Any) -> UserCodeError | None:
 def guard_user(what: str, fn: Any, batch: Any = None) -> Any:
     """Run ``fn`` (the module's own step before round 1); an exception raised in the user's code becomes a
     :class:`ConfigError` showing the user's frames (string labels in ``batch`` named as the cause)."""
-    from fedlight.tasks.base import _strings, guard
+    from fedlight.tasks.base import guard
 
     try:
         return fn()
@@ -52,10 +52,27 @@ def guard_user(what: str, fn: Any, batch: Any = None) -> Any:
         raise
     except Exception as e:  # noqa: BLE001 - shown with the user's frames, or judged by the generic guard
         frames = [f for f in traceback.extract_tb(e.__traceback__) if _users(f.filename)]
-        if not frames or _strings(batch):  # string labels: named as the cause
+        if not frames:
             return guard(what, functools.partial(_reraise, e), batch)
         raise ConfigError(f"{what} raised on the first batch, before round 1:\n{_frames(frames)}\n{_what(e)}\n"
-                          "fedlight: fix it in your code and rerun") from None
+                          f"fedlight: {_cause(e, frames, batch)}") from None
+
+
+def _cause(e: BaseException, frames: list, batch: Any) -> str:
+    """What to do about an error of the module's own step on the first batch: string labels (passed as the loader
+    yields them), ``self.logger`` with no logger asked for, or the user's own bug."""
+    from fedlight.tasks.base import _strings
+
+    strings = _strings(batch)
+    if strings:
+        return (f"the data's labels are strings ({', '.join(map(repr, strings[:3]))}, ...), passed to your module as "
+                "your loader yields them (as Lightning passes them); where your code needs class indices, map them "
+                "in your dataset as torchvision's ImageFolder does (`class_to_idx = {name: i for i, name in "
+                "enumerate(sorted(names))}`, then return `class_to_idx[label]`)")
+    if isinstance(e, AttributeError) and str(e).startswith("'NoneType'") and "logger" in (frames[-1].line or ""):
+        return ("`self.logger` is None because the run writes no TensorBoard (`--loggers` without tensorboard), "
+                "as with Trainer(logger=False); add tensorboard to `--loggers`")
+    return "fix it in your code and rerun"
 
 
 def _reraise(e: BaseException) -> Any:

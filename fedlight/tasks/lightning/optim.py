@@ -22,6 +22,8 @@ from fedlight.tasks.base import LocalOptimization
 from fedlight.tasks.lightning.compat import module_name, note, overrides
 from fedlight.tasks.lightning.groups import ModuleOptimizers, describe
 from fedlight.tasks.lightning.hooks import call_hook
+from fedlight.tasks.lightning.loggers import RunLoggers
+from fedlight.tasks.lightning.module_data import own_data
 from fedlight.tasks.lightning.schedule import Schedule, read_configure_optimizers
 from fedlight.tasks.lightning.trainer import FedTrainer, attach
 
@@ -51,6 +53,8 @@ def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, da
         return _said(fabric, loop, algorithm, None, f"{type(algorithm).__name__} prescribes its own local "
                      f"optimizer; {name}.configure_optimizers() is not used (read only for its param groups; nor its "
                      f"lr schedulers); {schedule}")
+    if task.schedule and (said := task.schedule.length_note(loop.rounds, task.trainer.num_training_batches)):
+        note(fabric, said)
     first, group = optimizers[0], factory.groups[0]
     in_round = "constant" if task.schedule else loop.local_lr_schedule  # the module's own schedule wins
     sched = (f"its lr schedule {task.schedule.describe()} (replayed per client step r·K+k; `loop.lr_schedule` and "
@@ -80,10 +84,13 @@ def _prepare(task: Any, fabric, model, loop: LoopConfig, data, name: str) -> Non
     steps = loop.local_steps or (loop.local_epochs or 1) * (
         max(data.steps_per_epoch(c) for c in range(data.num_clients)) if data is not None else 1)
     task.module = model
-    task.trainer = FedTrainer(model, loop.rounds, steps, fabric, getattr(data, "datamodule", None))
+    own = own_data(data)  # the module's own data hooks: no datamodule, as in Trainer.fit(model); setup already ran
+    task.trainer = FedTrainer(model, loop.rounds, steps, fabric, None if own else getattr(data, "datamodule", None),
+                              RunLoggers(task.record))
     attach(model, task.trainer)
     call_hook(model, "configure_model")
-    call_hook(model, "setup", "fit")
+    if not (own and "fit" in data.datamodule.stages and data.datamodule.module is model):
+        call_hook(model, "setup", "fit")
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"{name} has no trainable parameter (none with requires_grad=True, after configure_model): "
                           "there is nothing to train federatedly. Unfreeze at least one parameter")

@@ -10,14 +10,13 @@ from torch import Tensor
 from fedlight.errors import ConfigError
 from fedlight.tasks.lightning.compat import module_name, note, overrides
 from fedlight.tasks.lightning.errors import guard_user as guard
-from fedlight.tasks.lightning.hooks import call_hook, frozen
+from fedlight.tasks.lightning.hooks import frozen
 from fedlight.tasks.lightning.logs import capture_logs
 
 
 def probe(task: Any, model, train_batch, test_batch, fabric=None) -> None:
     """Refuse, with the fix, a module without ``training_step``, a non-scalar loss or a module/data mismatch; learn
-    what the evaluation logs (falling back to the training loss, with a note, when it logs nothing); then
-    ``on_fit_start``."""
+    what the evaluation logs (falling back to the training loss, with a note, when it logs nothing)."""
 
     name = module_name(model)
     if not overrides(model, "training_step"):
@@ -46,11 +45,7 @@ def probe(task: Any, model, train_batch, test_batch, fabric=None) -> None:
     if task.headline not in task.names:
         raise ConfigError(f"`task.headline` {task.headline!r} is not logged by {name}'s test_step (it logs "
                           f"{', '.join(task.names)})")
-    _reset_metrics(model)
-    if task.trainer is not None:
-        task.trainer.at(0, 0, "training")
-        call_hook(model, "on_fit_start")
-        call_hook(model, "on_train_start")
+    _reset_metrics(model)  # on_fit_start / on_train_start: when the first round begins (LightningTask.begin_round)
 
 
 def _probe_loss(task: Any, model, batch, fabric) -> Any:

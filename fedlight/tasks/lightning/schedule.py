@@ -77,6 +77,29 @@ class Schedule:
         return " + ".join(f"{type(c['scheduler']).__name__} per {c['interval']}"
                           f"{'' if c['frequency'] == 1 else ' every ' + str(c['frequency'])}" for c in self.configs)
 
+    def length_note(self, rounds: int, steps: int) -> str | None:
+        """A scheduler whose own length (OneCycleLR's ``total_steps``, ``T_max``, PolynomialLR's ``total_iters``)
+        differs from the steps it takes in this run (``R·K`` by step, ``R`` by epoch, over its frequency): what it
+        is against the client's steps per round and the run's total, said before round 1; ``None`` when it fits."""
+        for c in self.configs:
+            sched, per_step = c["scheduler"], c["interval"] == "step"
+            attr = next((a for a in LENGTHS if isinstance(getattr(sched, a, None), int) and
+                         (a != "total_iters" or type(sched).__name__ == "PolynomialLR")), None)
+            taken = (rounds * steps if per_step else rounds) // c["frequency"]
+            if attr is None or getattr(sched, attr) == taken:
+                continue
+            n, unit = getattr(sched, attr), "steps" if per_step else "epochs (rounds)"
+            share = f"the run takes {taken / n:.1%} of it" if n > taken else f"it ends after {n} of the run's {taken}"
+            said = (f"{type(sched).__name__} ({attr}={n}) is sized for {n} {unit}, but a client takes {steps} steps "
+                    f"per round and the run {rounds} rounds: {rounds * steps} steps in all, so {share}. Size it by the "
+                    "run: `self.trainer.estimated_stepping_batches` (R·K steps) or `self.trainer.max_epochs` "
+                    "(R rounds)")
+            if attr == "total_steps" and n < taken:  # OneCycleLR raises past its end, under Lightning's Trainer too
+                raise ConfigError(f"{said}; it cannot step past its total_steps (Lightning's Trainer would stop "
+                                  "there too), or give fewer `loop.rounds` / `loop.local_steps`")
+            return said
+        return None
+
     def lrs(self, round: int, step: int, steps: int) -> tuple[float, ...]:
         """The lr of every group at local step ``step`` of round ``round`` for a client taking ``steps`` steps."""
         table = self.tables.setdefault(steps, [])
@@ -134,6 +157,9 @@ class Schedule:
             for c in self.configs:
                 if c["interval"] == "epoch" and ((t + 1) // steps) % c["frequency"] == 0:
                     c["scheduler"].step()
+
+
+LENGTHS = ("total_steps", "T_max", "total_iters")  # OneCycleLR, CosineAnnealingLR, PolynomialLR
 
 
 def _optimizer_of(config: dict[str, Any]) -> Any:

@@ -59,6 +59,8 @@ class LightningTask(Task):
         self.by_loss = False  # evaluated by training_step's loss (no test_step/validation_step logging anything)
         self.round, self.steps = 0, 1
         self.optimization: LocalOptimization | None = None  # what local_optimization returned
+        self.started = False  # on_fit_start was called
+        self.record: Any = None  # the run record (set by the driver): the module's self.logger writes there
 
     # ----------------------------------------------------------------------------------------- headline
     @property
@@ -101,7 +103,14 @@ class LightningTask(Task):
         return self.schedule.lr(info.round, 0, steps), self.schedule.lr(info.round, steps - 1, steps)
 
     def begin_round(self, info: Any) -> None:
+        """The round's state; before the run's first round (of this process, a resumed run's included), once its
+        files are open so that ``self.logger`` writes: ``on_fit_start`` and ``on_train_start``."""
         self.round, self.steps = info.round, max(1, round(info.num_steps))
+        if self.trainer is not None and not self.started:
+            self.started = True
+            self.trainer.at(self.round, self.round * self.steps, "training")
+            call_hook(self.module, "on_fit_start")
+            call_hook(self.module, "on_train_start")
 
     def end(self, model: nn.Module) -> None:
         """After the last round: ``on_fit_end``, then the stand-in trainer is detached."""
@@ -138,7 +147,7 @@ class LightningTask(Task):
             if self.schedule:
                 set_lrs(ctx.optimizer, self.schedule.lrs(ctx.round, k, K))
             if hooks is not None:
-                trainer.global_step = ctx.round * K + k
+                trainer.global_step, trainer.is_last_batch = ctx.round * K + k, k == K - 1
                 hooks.before_step(batch, k)
             with capture_logs(module) as logs, hooks.trainer_optimizers() if hooks is not None else nullcontext():
                 loss = self.objective(model, batch, k)
