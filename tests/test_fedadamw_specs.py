@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedlight.lab import reproduce
+from fedlight.lab import table_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "recipes" / "tables").glob("fedadamw_*.yaml"))
@@ -48,7 +48,7 @@ def resolved(spec_path: Path, cell) -> object:
     from fedlight.config.cli import _parser
 
     spec = yaml.safe_load(spec_path.read_text())
-    argv = flags.resolve_names(["--config", str(reproduce.base_path(spec)), *reproduce.flags(cell.overrides)])
+    argv = flags.resolve_names(["--config", str(table_spec.base_path(spec)), *table_spec.flags(cell.overrides)])
     return _parser("fedlight fit", docs=False).parse_args(argv)
 
 
@@ -90,7 +90,7 @@ def test_spec_rows_carry_the_papers_stated_hyperparameters(spec_path):
     if setup is None:
         return
     wrong = []
-    for cell in reproduce.cells(spec):
+    for cell in table_spec.cells(spec):
         for name, (paper, ours) in stated(setup, resolved(spec_path, cell), cell.row).items():
             if paper != pytest.approx(ours, rel=1e-12) if isinstance(paper, float) else paper != ours:
                 wrong.append(f"{cell.row}/{cell.col}: {name} {ours!r}, paper {paper!r}")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedlight.lab import reproduce
+from fedlight.lab import table_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "recipes" / "tables" / "fednsam_table2.yaml"
@@ -90,8 +90,8 @@ def test_every_table2_cell_of_the_spec_is_the_papers():
 
 
 def test_each_rounds_column_reads_the_runs_of_its_accuracy_column():
-    spec = reproduce.load_spec(SPEC)
-    keys = {c.name: c.run_key for c in reproduce.cells(spec)}
+    spec = table_spec.load_spec(SPEC)
+    keys = {c.name: c.run_key for c in table_spec.cells(spec)}
     for acc_col, to_col, *_ in COLUMNS:
         for row in spec["rows"]:
             assert keys[f"{row}/{to_col}"] == keys[f"{row}/{acc_col}"] == f"{row}/{acc_col}"
@@ -101,7 +101,7 @@ def test_each_rounds_column_reads_the_runs_of_its_accuracy_column():
 def resolved(spec: dict, cell, parser):
     from fedlight.config import flags
 
-    argv = flags.resolve_names(["--config", str(reproduce.base_path(spec)), *reproduce.flags(cell.overrides)])
+    argv = flags.resolve_names(["--config", str(table_spec.base_path(spec)), *table_spec.flags(cell.overrides)])
     return parser.parse_args(argv)
 
 
@@ -109,12 +109,12 @@ def test_every_run_carries_the_set_up_of_section_6_1():
     from fedlight.config.cli import _parser
 
     parser = _parser("fedlight fit", docs=False)
-    spec = reproduce.load_spec(SPEC)
+    spec = table_spec.load_spec(SPEC)
     column = {c[0]: c for c in COLUMNS}
     wrong = []
     # The set-up does not depend on the row (its algorithm): FedAvg and FedNSAM on every column, every row on the
     # LeNet-5 CIFAR-10 column (tools/gpu_table.sh's).
-    runs = {c.run_key: c for c in reproduce.cells(spec) if c.row in ("fedavg", "fednsam") or c.col == "lenet5_cifar10"}
+    runs = {c.run_key: c for c in table_spec.cells(spec) if c.row in ("fedavg", "fednsam") or c.col == "lenet5_cifar10"}
     for cell in runs.values():
         cfg = resolved(spec, cell, parser)
         loop, data = cfg.loop, cfg.data.init_args

@@ -15,7 +15,7 @@ from test_reproduce import write_spec
 from fedlight.config.cli import main
 from fedlight.config.launch import bound_gpu_memory
 from fedlight.errors import ConfigError
-from fedlight.lab import gpu_share, reproduce
+from fedlight.lab import gpu_share, runner
 
 
 def test_auto_is_bounded_by_runs_cores_and_memory():
@@ -82,7 +82,7 @@ def test_per_gpu_auto_packs_the_table_first_run_alone_seed_zero_first(tmp_path, 
                 lead_done.set()
         return 0
 
-    monkeypatch.setattr(reproduce.Children, "call", fake_fit)
+    monkeypatch.setattr(runner.Children, "call", fake_fit)
     main(["reproduce", str(spec), "--seeds", "2", "--per-gpu", "auto", "--out", str(tmp_path / "o")])
     out = capsys.readouterr().out
     # 4 runs to do, 8 cores, 3 GiB = 1 slice of 2 GiB: one at a time, and it says why

@@ -38,7 +38,9 @@ def test_fresh_machine_commands():
 def test_the_readme_install_brings_every_optional_package_the_tests_use():
     """A fresh machine that runs the README's two commands runs the whole suite: `dev` installs every optional extra's
     packages (named directly or through `fedlight[extra,...]`), except `datasets`, which only online GLUE loading uses
-    (the tests read GLUE from local files). An extra added without adding it to dev fails here, not on a user."""
+    (the tests read GLUE from local files), and `pfl`, which pins packages of its own and so runs in a venv of its own
+    (`fedlight bench --peers --pfl-python`; the smoke test skips its side, saying so). An extra added without adding
+    it to dev fails here, not on a user."""
     import tomllib
 
     extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
@@ -55,7 +57,7 @@ def test_the_readme_install_brings_every_optional_package_the_tests_use():
         return out
 
     dev = names(extras["dev"])
-    missing = {e: sorted(names(reqs) - dev - {"datasets"}) for e, reqs in extras.items() if e != "dev"}
+    missing = {e: sorted(names(reqs) - dev - {"datasets", "pfl"}) for e, reqs in extras.items() if e != "dev"}
     assert not {e: m for e, m in missing.items() if m}, f"add to the dev extra in pyproject.toml: {missing}"
 
 

@@ -21,7 +21,7 @@ from fedlight.core.loop_config import LoopConfig
 from fedlight.core.registry import _REGISTRY, list_algorithms
 from fedlight.core.rules import Algorithm
 from fedlight.data import FederatedDataModule
-from fedlight.lab import report, reproduce
+from fedlight.lab import table_report, table_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "tables" not in p.relative_to(ROOT).parts)
@@ -80,7 +80,7 @@ def test_recipe_header_and_name(path):
     assert len(path.stem[len(name) + 1:].split("_")) == 3, f"{path.name}: <algorithm>_<model>_<dataset>_<split>"
 
 
-def cover(spec: dict, cells: list[reproduce.Cell]) -> list[reproduce.Cell]:
+def cover(spec: dict, cells: list[table_spec.Cell]) -> list[table_spec.Cell]:
     """Cells that together use every row's, column's and cell's override set (first column × rows, first row ×
     columns, and the cells with their own overrides)."""
     rows, cols, own = list(spec["rows"]), list(spec["columns"]), set(spec.get("cell_overrides") or {})
@@ -90,34 +90,34 @@ def cover(spec: dict, cells: list[reproduce.Cell]) -> list[reproduce.Cell]:
 
 @pytest.mark.parametrize("path", SPECS, ids=rel)
 def test_table_spec_cells_instantiate(path):
-    spec = reproduce.load_spec(path)
-    assert reproduce.base_path(spec).is_file()
+    spec = table_spec.load_spec(path)
+    assert table_spec.base_path(spec).is_file()
     text = path.read_text()
     assert f"fedlight reproduce {rel(path)}" in text, "the header gives the run command"
     assert str(spec.get("notes", "")).strip(), "the spec says how its setup differs from the paper"
-    cells = reproduce.cells(spec)
+    cells = table_spec.cells(spec)
     assert len({c.name for c in cells}) == len(cells)
     for c in cover(spec, cells):
         with torch.device("meta"):
             kwargs, _ = _parse("fedlight fit", ["--config", str(path.parent.parent.parent / spec["base"]),
-                                                *reproduce.flags(c.overrides)])
+                                                *table_spec.flags(c.overrides)])
         assert isinstance(kwargs["algorithm"], Algorithm), c.name
     # every paper value is a number, or text that starts with one, or "not reached"
     for row in (spec.get("paper") or {}).values():
         for v in row.values():
-            assert report.number(v) is not None or v == "not reached", v
+            assert table_report.number(v) is not None or v == "not reached", v
 
 
 def resolved(spec_name: str, cell: str) -> dict:
-    spec = reproduce.load_spec(reproduce.find_spec(spec_name))
-    c = next(c for c in reproduce.cells(spec) if c.name == cell)
+    spec = table_spec.load_spec(table_spec.find_spec(spec_name))
+    c = next(c for c in table_spec.cells(spec) if c.name == cell)
     with torch.device("meta"):
-        _, text = _parse("fedlight fit", ["--config", str(ROOT / spec["base"]), *reproduce.flags(c.overrides)])
+        _, text = _parse("fedlight fit", ["--config", str(ROOT / spec["base"]), *table_spec.flags(c.overrides)])
     return yaml.safe_load(text)
 
 
 def test_fedwmsam_table1_fashion_mnist_column_is_the_papers_setting():
-    spec = reproduce.load_spec(reproduce.find_spec("fedwmsam_table1"))
+    spec = table_spec.load_spec(table_spec.find_spec("fedwmsam_table1"))
     rows = set(spec["rows"])
     assert {"fedavg", "fedcm", "scaffold", "fedsam", "mofedsam", "fedgamma", "fedsmoo", "fedlesam", "fedlesam_s",
             "fedlesam_d", "fedwmsam"} <= rows
@@ -133,7 +133,7 @@ def test_fedwmsam_table1_fashion_mnist_column_is_the_papers_setting():
         assert (loop["clients_per_round"], loop["local_epochs"], loop["rounds"]) == (10, 5, 500)
         assert (loop["lr"], loop["lr_schedule"], loop["weight_decay"]) == (0.1, {"kind": "exponential",
                                                                                 "decay": 0.998}, 1e-3)
-        assert report.number(spec["paper"][row]["fmnist_dir0.1"]) is not None
+        assert table_report.number(spec["paper"][row]["fmnist_dir0.1"]) is not None
     assert spec["paper"]["fedwmsam"]["fmnist_dir0.1"] == 84.64 and spec["paper"]["fedavg"]["fmnist_dir0.1"] == 82.26
 
 

@@ -21,7 +21,7 @@ import yaml
 
 from fedlight.config.cli import main
 from fedlight.errors import ConfigError
-from fedlight.lab import report, reproduce
+from fedlight.lab import report, runner, table_report, table_spec
 from fedlight.run.files import rounds_to_target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,8 +92,8 @@ def test_stats_and_paper_numbers():
     assert report.stats("rounds_to_target:0.7", [None, None])["text"] == "not reached"
     assert report.stats("final_test_acc", [81.5, "missing"])["text"] == "81.50 [1/2 seeds]"
     assert report.stats("final_test_acc", ["missing"])["text"] == "not run"
-    assert report.number("66.04 ± 0.11") == 66.04 and report.number(84.64) == 84.64
-    assert report.number("83.75 (best of 3)") == 83.75 and report.number("not reached") is None
+    assert table_report.number("66.04 ± 0.11") == 66.04 and table_report.number(84.64) == 84.64
+    assert table_report.number("83.75 (best of 3)") == 83.75 and table_report.number("not reached") is None
 
 
 def test_gap_to_the_baseline_row_is_paired_by_seed_with_the_papers_sign():
@@ -103,14 +103,14 @@ def test_gap_to_the_baseline_row_is_paired_by_seed_with_the_papers_sign():
             "paper": {"fedavg": {"a": 82.26}, "fedwmsam": {"a": "84.64"}, "fedcm": {"a": 73.33}}}
 
     def cell(row, final, last10, sec=(1.0, 1.0, 1.0)):
-        c = reproduce.Cell(row, "a", "final_test_acc", {}, f"{row}/a")
+        c = table_spec.Cell(row, "a", "final_test_acc", {}, f"{row}/a")
         c.values = {"final_test_acc": list(final), "last_test_acc:10": list(last10), "seconds_per_round": list(sec)}
         return c
 
     cs = [cell("fedavg", [85.0, 85.5, 86.0], [85.4, 85.5, 85.5]),
           cell("fedwmsam", [84.0, 84.5, "missing"], [84.6, 84.4, "missing"], (2.0, 2.0, "missing")),
           cell("fedcm", [79.0, "missing", "missing"], [78.8, "missing", "missing"])]
-    gaps = report.baseline_gaps(spec, cs)
+    gaps = table_report.baseline_gaps(spec, cs)
     g = gaps[("fedwmsam/a", "final_test_acc")]
     assert g["pairs"] == 2 and g["gap"] == pytest.approx(-1.0) and g["paper_gap"] == pytest.approx(2.38)
     assert g["same_sign"] is False
@@ -120,40 +120,40 @@ def test_gap_to_the_baseline_row_is_paired_by_seed_with_the_papers_sign():
     assert gaps[("fedcm/a", "final_test_acc")] | {"digits": 2} == {
         "gap": pytest.approx(-6.0), "pairs": 1, "paper_gap": pytest.approx(-8.93), "same_sign": True, "digits": 2}
     assert gaps[("fedavg/a", "final_test_acc")]["gap"] == 0 and gaps[("fedavg/a", "final_test_acc")]["same_sign"]
-    text = "\n".join(report.gap_lines(spec, cs, gaps))
+    text = "\n".join(table_report.gap_lines(spec, cs, gaps))
     assert "## Gap to fedavg" in text and "| fedwmsam/a | +2.38 | -1.00 ≠ (2) | -0.95 ≠ (2) | +1.000 (2) |" in text
-    assert report.baseline_gaps({**spec, "baseline": None}, cs) == {}
+    assert table_report.baseline_gaps({**spec, "baseline": None}, cs) == {}
 
 
 def test_overrides_become_fit_flags_and_shrink_skips_what_the_data_lacks():
-    assert reproduce.flags({"loop.rounds": 2, "algorithm": {"class_path": "X", "init_args": {"rho": 0.1}},
+    assert table_spec.flags({"loop.rounds": 2, "algorithm": {"class_path": "X", "init_args": {"rho": 0.1}},
                             "loop.local_epochs": None, "loop.progress": False, "model": "fedlight.models.MLP"}) == [
         "--loop.rounds", "2", "--algorithm", '{"class_path": "X", "init_args": {"rho": 0.1}}',
         "--loop.local_epochs", "null", "--loop.progress", "false", "--model", "fedlight.models.MLP"]
     spec = {"base": "recipes/quickstart.yaml"}
-    syn = reproduce.Cell("a", "b", "final_test_acc", {}, "a")
-    assert reproduce.shrink_overrides("rounds=2,subset=512,test_subset=256,loop.local_steps=3", spec, syn) == {
+    syn = table_spec.Cell("a", "b", "final_test_acc", {}, "a")
+    assert table_spec.shrink_overrides("rounds=2,subset=512,test_subset=256,loop.local_steps=3", spec, syn) == {
         "loop.rounds": 2, "data.init_args.test_subset": 256, "loop.local_steps": 3}  # Synthetic has no `subset`
-    fm = reproduce.Cell("a", "b", "final_test_acc", {"data": {"class_path": "fedlight.data.FashionMNIST"}}, "a")
-    assert reproduce.shrink_overrides("rounds=2,subset=512", spec, fm) == {"loop.rounds": 2,
+    fm = table_spec.Cell("a", "b", "final_test_acc", {"data": {"class_path": "fedlight.data.FashionMNIST"}}, "a")
+    assert table_spec.shrink_overrides("rounds=2,subset=512", spec, fm) == {"loop.rounds": 2,
                                                                            "data.init_args.subset": 512}
     with pytest.raises(ConfigError, match="key=value"):
-        reproduce.shrink_overrides("rounds", spec, syn)
+        table_spec.shrink_overrides("rounds", spec, syn)
 
 
 def test_columns_without_overrides_share_their_rows_runs(tmp_path):
-    spec = reproduce.load_spec(reproduce.find_spec("fedwmsam_table3"))
-    t3 = reproduce.cells(spec)
+    spec = table_spec.load_spec(table_spec.find_spec("fedwmsam_table3"))
+    t3 = table_spec.cells(spec)
     fedavg = [c for c in t3 if c.row == "fedavg"]
     assert {c.run_key for c in fedavg} == {"fedavg/to_70"}  # six metrics, one run per seed
     assert [c.metric for c in fedavg] == ["rounds_to_target:0.70", "rounds_to_target:0.72", "rounds_to_target:0.74",
                                           "rounds_to_target:0.76", "rounds_to_target:0.78", "seconds_per_round"]
-    runs = reproduce.plan(spec, t3, [0, 1], tmp_path, None)
+    runs = runner.plan(spec, t3, [0, 1], tmp_path, None)
     assert len(runs) == 6 * 11 * 2 and len({r.path for r in runs}) == 11 * 2
-    t4 = reproduce.cells(reproduce.load_spec(reproduce.find_spec("fednsam_table4")))
+    t4 = table_spec.cells(table_spec.load_spec(table_spec.find_spec("fednsam_table4")))
     t4_columns = ("p0.02", "p0.05", "p0.1", "dir0.1", "dir0.3")
     assert {c.run_key for c in t4 if c.row == "fednsam"} == {f"fednsam/{col}" for col in t4_columns}
-    t1 = reproduce.cells(reproduce.load_spec(reproduce.find_spec("fedwmsam_table1")))
+    t1 = table_spec.cells(table_spec.load_spec(table_spec.find_spec("fedwmsam_table1")))
     assert len({c.run_key for c in t1}) == len(t1) == 12 * 13  # 12 paper columns + the partition diagnostic
 
 
@@ -179,10 +179,10 @@ def test_spec_errors_are_one_line(tmp_path):
                         ({"baseline": "fedsgd"}, "`baseline` must name a row")]:
         (tmp_path / "bad.yaml").write_text(yaml.safe_dump(spec | change))
         with pytest.raises(ConfigError, match=msg):
-            reproduce.load_spec(tmp_path / "bad.yaml")
+            table_spec.load_spec(tmp_path / "bad.yaml")
     with pytest.raises(ConfigError, match="not found"):
-        reproduce.find_spec("no_such_table")
-    assert reproduce.find_spec("fedwmsam_table1") == ROOT / "recipes" / "tables" / "fedwmsam_table1.yaml"
+        table_spec.find_spec("no_such_table")
+    assert table_spec.find_spec("fedwmsam_table1") == ROOT / "recipes" / "tables" / "fedwmsam_table1.yaml"
 
 
 def test_shrunk_reproduce_table_matches_the_runs(tmp_path, capsys, monkeypatch):
@@ -225,7 +225,7 @@ def test_shrunk_reproduce_table_matches_the_runs(tmp_path, capsys, monkeypatch):
         started.append(cmd)
         return main(cmd[3:])
 
-    monkeypatch.setattr(reproduce.Children, "call", fit_here)
+    monkeypatch.setattr(runner.Children, "call", fit_here)
     (runs["fedprox"] / "summary.json").unlink()
     assert main(["reproduce", *args]) == 0
     assert len(started) == 1 and str(runs["fedprox"]) in started[0]
@@ -304,17 +304,17 @@ def test_fit_args_change_execution_not_identity(tmp_path, capsys):
                  "--fit-args", "--loop.client_parallelism vmap --devices 1"]) == 0
     line = capsys.readouterr().out.strip()
     assert line.endswith("--resume auto --loop.client_parallelism vmap --devices 1"), line
-    s = reproduce.load_spec(spec)
-    cell = reproduce.cells(s)[0]
-    plain = reproduce.plan(s, [cell], [0], out, None)[0]
-    fast = reproduce.plan(s, [cell], [0], out, None, reproduce.execution_args("--loop.client_parallelism vmap"))[0]
+    s = table_spec.load_spec(spec)
+    cell = table_spec.cells(s)[0]
+    plain = runner.plan(s, [cell], [0], out, None)[0]
+    fast = runner.plan(s, [cell], [0], out, None, runner.execution_args("--loop.client_parallelism vmap"))[0]
     plain.path.mkdir(parents=True)
     (plain.path / "reproduce.json").write_text(json.dumps(plain.record))
     assert fast.valid() and fast.record["execution"] == ["--loop.client_parallelism", "vmap"]
-    other = reproduce.plan({**s, "base": "recipes/fedavg_mlp_fmnist_dir0.1.yaml"}, [cell], [0], out, None)[0]
+    other = runner.plan({**s, "base": "recipes/fedavg_mlp_fmnist_dir0.1.yaml"}, [cell], [0], out, None)[0]
     assert not other.valid()  # a different experiment in the same folder is still a conflict
     with pytest.raises(ConfigError, match=r"--fit-args.*--loop.lr changes the experiment"):
-        reproduce.execution_args("--loop.lr 0.2")
+        runner.execution_args("--loop.lr 0.2")
 
 
 def check_png(path: Path) -> None:
@@ -399,11 +399,11 @@ def test_table_header_names_each_columns_own_metric(tmp_path):
     """Table 3: the headline is accuracy, CoLA's cells are MCC; the header says so (no runs needed)."""
     path = ROOT / "recipes" / "tables" / "fedadamw_table3.yaml"
     spec = yaml.safe_load(path.read_text())
-    cs = reproduce.cells(spec)
+    cs = table_spec.cells(spec)
     for c in cs:
         c.values = {m: ["missing"] for m in [c.metric, *spec["also"]]}
         c.revisions = ["missing"]
-    report.write_table(spec, path, cs, [], [0], tmp_path, "fedlight reproduce", None, 1)
+    table_report.write_table(spec, path, cs, [], [0], tmp_path, "fedlight reproduce", None, 1)
     head = next(line for line in (tmp_path / "table.md").read_text().splitlines() if line.startswith("- Metric:"))
     assert head.startswith("- Metric: final test accuracy (%) (column cola: final test MCC (Matthews correlation) "
                            "(%));"), head

@@ -18,7 +18,7 @@ from test_reproduce import write_spec
 from test_reproduce_slurm import _table
 
 from fedlight.config.cli import main
-from fedlight.lab import jobs, reproduce
+from fedlight.lab import jobs, runner, table_spec
 
 pytest.importorskip("submitit")
 SHRINK = ["--shrink", "rounds=4,subset=512,test_subset=128,loop.local_steps=2"]
@@ -31,7 +31,7 @@ def reference(tmp_path_factory):
     root = tmp_path_factory.mktemp("reference")
     spec = write_spec(root / "quick.yaml")
     with pytest.MonkeyPatch.context() as here:
-        here.setattr(reproduce.subprocess, "call", lambda cmd, stdout, stderr, env: main(cmd[3:]))
+        here.setattr(runner.subprocess, "call", lambda cmd, stdout, stderr, env: main(cmd[3:]))
         assert main(["reproduce", str(spec), *SHRINK, "--seeds", "2", "--out", str(root / "out")]) == 0
     return root / "out"
 
@@ -95,7 +95,7 @@ def test_a_job_at_its_time_limit_is_requeued_by_the_launcher_and_finishes(on_slu
     the run (SIGUSR1) and requeues the job, which resumes the run. (The first test of the module: the uninterrupted
     reference runs, in this process, are made while the job waits for its signal.)"""
     spec, out = write_spec(tmp_path / "quick.yaml"), tmp_path / "out"
-    s = reproduce.load_spec(spec)
+    s = table_spec.load_spec(spec)
     spec.write_text(json.dumps({**s, "slurm": {"signal_s": 50}}))
     with monkeypatch.context() as paused:  # the job's environment only: the reference runs below must not pause
         paused.setenv("FEDLIGHT_FAULT", "train@2:pause")  # waits up to 60 s there for a signal
@@ -202,7 +202,7 @@ def test_sbatch_takes_the_resources_as_slurm_spells_them(on_slurm, tmp_path, cap
     """Every ``--time`` form and ``--mem`` unit gives the job sbatch itself gives for the same text; ``--sbatch``
     options (with and without a value) reach sbatch unchanged. The jobs are held, so nothing runs."""
     spec = write_spec(tmp_path / "quick.yaml")
-    s = reproduce.load_spec(spec)
+    s = table_spec.load_spec(spec)
     spec.write_text(json.dumps({**s, "slurm": {"signal_s": 30}}))
     spellings = [("90", "4G"), ("1:30", "4000M"), ("2:00:00", "2"), ("1-2", "1500M"), ("1-0:30", "1G"),
                  ("1-00:30:15", "2G")]

@@ -17,7 +17,7 @@ from test_reproduce import _processes_naming, write_spec
 
 from fedlight.config.cli import main
 from fedlight.errors import ConfigError
-from fedlight.lab import jobs, reproduce
+from fedlight.lab import jobs, runner, table_spec
 
 submitit = pytest.importorskip("submitit")
 SHRINK = ["--shrink", "rounds=4,subset=512,test_subset=128,loop.local_steps=2"]
@@ -43,7 +43,7 @@ def test_a_preempted_slurm_job_is_requeued_and_its_table_equals_an_uninterrupted
     requeues the job and the runs resume: the table equals one from runs that were never stopped."""
     spec = write_spec(tmp_path / "quick.yaml")
     with monkeypatch.context() as here:  # the uninterrupted runs: in this process, to save interpreter starts
-        here.setattr(reproduce.Children, "call", lambda self, cmd, stdout, stderr, env: main(cmd[3:]))
+        here.setattr(runner.Children, "call", lambda self, cmd, stdout, stderr, env: main(cmd[3:]))
         assert main(["reproduce", str(spec), *SHRINK, "--out", str(tmp_path / "ref")]) == 0
     out = tmp_path / "out"
     args = [str(spec), *SHRINK, "--out", str(out), "--launcher", "slurm", "--cluster", "local"]
@@ -102,8 +102,8 @@ def test_a_running_record_whose_launcher_died_reads_as_stopped(tmp_path, capsys)
     """A launcher killed outright (SIGKILL: nothing can record it) leaves job.json "running"; ``--status`` sees
     that no process of that id lives on this host and says "stopped", naming the process."""
     spec = write_spec(tmp_path / "quick.yaml")
-    s = reproduce.load_spec(spec)
-    run = reproduce.plan(s, reproduce.cells(s)[:1], [0], tmp_path / "o", None)[0]
+    s = table_spec.load_spec(spec)
+    run = runner.plan(s, table_spec.cells(s)[:1], [0], tmp_path / "o", None)[0]
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     jobs.mark(run.path, state="running", pid=dead.pid, host=jobs.host())
@@ -117,11 +117,11 @@ def test_a_running_record_whose_launcher_died_reads_as_stopped(tmp_path, capsys)
 
 def test_status_names_each_state_and_the_last_log_line_of_a_failure(tmp_path, capsys):
     spec = write_spec(tmp_path / "quick.yaml", mu=0.1)
-    s = reproduce.load_spec(spec)
+    s = table_spec.load_spec(spec)
     s["rows"]["scaffold"] = {"algorithm": {"class_path": "fedlight.algorithms.SCAFFOLD"}}
     spec.write_text(json.dumps(s))
     out = tmp_path / "o"
-    runs = {r.cell.row: r for r in reproduce.plan(s, reproduce.cells(s), [0], out, None)}
+    runs = {r.cell.row: r for r in runner.plan(s, table_spec.cells(s), [0], out, None)}
     jobs.mark(runs["fedavg"].path, state="pending", job="4242_0")
     jobs.mark(runs["fedprox"].path, state="failed", rc=2)
     (runs["fedprox"].path / "fit.log").write_text("fedlight: run directory x\nfedlight fit: error: `loop.lr` ...\n")
@@ -159,9 +159,9 @@ def test_slurm_resources_come_from_the_spec_and_the_flags(tmp_path):
     with pytest.raises(ConfigError, match="no room for the end-of-job signal 120 s"):
         slurm.resources({}, {"time": "2"})
     assert slurm.resources({"slurm": {"signal_s": 50}}, {"time": "2"}).signal_s == 50
-    given = argparse.Namespace(**{k: None for k in reproduce.CLUSTER_FLAGS})
+    given = argparse.Namespace(**{k: None for k in runner.CLUSTER_FLAGS})
     given.mem, given.sbatch = "4000M", ["qos=high", "exclusive", "--begin=now+1hour", "comment=a=b"]
-    passed = slurm.executor_parameters(slurm.resources({}, reproduce._slurm_flags(given)))
+    passed = slurm.executor_parameters(slurm.resources({}, runner.slurm_flags(given)))
     assert passed["slurm_additional_parameters"] == \
         {"qos": "high", "exclusive": True, "begin": "now+1hour", "comment": "a=b"}  # bare: an option without value
     assert passed["slurm_mem"] == "4000M"
@@ -189,19 +189,19 @@ def test_local_per_gpu_gives_each_process_its_gpu(tmp_path, monkeypatch, capsys)
             seen.append(env["CUDA_VISIBLE_DEVICES"])
         return 0
 
-    monkeypatch.setattr(reproduce.Children, "call", fake_fit)
+    monkeypatch.setattr(runner.Children, "call", fake_fit)
     main(["reproduce", str(spec), "--seeds", "3", "--per-gpu", "3", "--out", str(tmp_path / "o"), "--table-only"])
     main(["reproduce", str(spec), "--seeds", "3", "--per-gpu", "3", "--out", str(tmp_path / "o")])
     assert len(seen) == 6 and set(seen) <= {"0", "1"}
-    assert reproduce.gpu_slots(2, 2) == ["0", "0", "1", "1"] and reproduce.gpu_slots(None, 0) is None
+    assert runner.gpu_slots(2, 2) == ["0", "0", "1", "1"] and runner.gpu_slots(None, 0) is None
     with pytest.raises(ConfigError, match="--per-gpu.*shows none"):
-        reproduce.gpu_slots(2, 0)
+        runner.gpu_slots(2, 0)
     assert main(["reproduce", str(spec), "--partition", "gpu", "--out", str(tmp_path / "o")]) == 2
     assert "need `--launcher slurm`" in capsys.readouterr().err
 
 
-def test_the_slurm_launcher_and_reproduce_import_no_circle():
-    """reproduce imports slurm (for ``--launcher slurm``); slurm imports nothing of reproduce, not even inside a
+def test_the_slurm_launcher_and_the_runner_import_no_circle():
+    """the runner imports slurm (for ``--launcher slurm``); slurm imports nothing of reproduce, not even inside a
     function: a job gets the functions that run a run from the launcher, pickled with it."""
     import ast
     import inspect
@@ -217,5 +217,6 @@ def test_the_slurm_launcher_and_reproduce_import_no_circle():
                 names |= {f"{node.module}.{a.name}" for a in node.names} | {node.module or ""}
         return names
 
-    assert "fedlight.lab.slurm" in imported(reproduce)
-    assert not {n for n in imported(slurm) | imported(jobs) if n.startswith("fedlight.lab.reproduce")}
+    assert "fedlight.lab.slurm" in imported(runner)
+    assert not {n for n in imported(slurm) | imported(jobs)
+                if n.startswith(("fedlight.lab.reproduce", "fedlight.lab.runner"))}

@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "partition": ("fedlight.config.cli:cmd_partition",
                   "print per-client sizes and class histograms of a recipe's split"),
     "reproduce": ("fedlight.lab.reproduce:cmd_reproduce", "run a paper table: fedlight reproduce TABLE.yaml"),
+    "tune": ("fedlight.lab.tune:cmd_tune", "tune each row of a table with Optuna: fedlight tune TABLE.yaml"),
     "report": ("fedlight.lab.report:cmd_report", "compare finished runs (table + curves.png): fedlight report RUN..."),
     "landscape": ("fedlight.lab.flatness_cli:cmd_landscape",
                   "loss along random directions around a run's model (1-D/2-D plots)"),

@@ -76,14 +76,14 @@ def rounds_done(path: Path) -> int:
 
 
 def state(run, scheduler=None) -> tuple[str, str]:
-    """``(state, detail)`` of one run (a :class:`fedlight.lab.reproduce.Run`). ``scheduler(job_id)`` may name the
+    """``(state, detail)`` of one run (a :class:`fedlight.lab.runner.Run`). ``scheduler(job_id)`` may name the
     scheduler's own state of a pending or running job (Slurm: ``PENDING``, ``RUNNING``, ``FAILED``, ..., then
     details)."""
     from fedlight.lab import report as rep
 
     if not run.valid():
         return "conflict", "made by another command (reproduce.json)"
-    if rep.finished(run.path):
+    if run.finished():
         diverged = (rep.read_summary(run.path) or {}).get("diverged_at_round")
         return ("diverged", f"at round {diverged}") if diverged else ("done", "")
     job, done = read(run.path), rounds_done(run.path)
@@ -137,14 +137,20 @@ class Children:
         self.lock = threading.Lock()
         self.signal: str | None = None
 
-    def call(self, cmd: list[str], **kw: Any) -> int | None:
-        """Run ``cmd`` and wait for it; ``None`` (not started) once a stop signal came."""
+    def call(self, cmd: list[str], watch=None, **kw: Any) -> int | None:
+        """Run ``cmd`` and wait for it; ``None`` (not started) once a stop signal came. ``watch(proc)``, if given,
+        is called twice a second while it runs (``fedlight tune`` reads the run's evaluations and may stop it)."""
         with self.lock:
             if self.signal:
                 return None
             proc = subprocess.Popen(cmd, **kw, **self.popen, process_group=0)  # a terminal's Ctrl-C: forwarded once
             self.procs.add(proc)
         try:
+            while watch is not None:
+                try:
+                    return proc.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    watch(proc)
             return proc.wait()
         finally:
             with self.lock:

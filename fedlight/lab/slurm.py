@@ -7,7 +7,7 @@ fill a GPU). Each run is the same ``fedlight fit ... --resume auto`` process as 
 ``--signal USR2`` before the time limit; preemption), :meth:`CellJob.checkpoint` sends each run ``SIGUSR1``: the run
 stops after its round in progress, its checkpoint written (see :mod:`fedlight.run.stops`), and submitit requeues the
 job, which resumes every unfinished run. This module imports submitit; nothing imports it unless asked for a Slurm
-launch. It does not import :mod:`fedlight.lab.reproduce` either: the launcher hands each job the functions that run
+launch. It does not import :mod:`fedlight.lab.runner` either: the launcher hands each job the functions that run
 a run and build its environment (pickled by name with the job).
 """
 
@@ -124,7 +124,7 @@ def slot_env(env: dict[str, str], slot: int, res: Resources, size: int) -> dict[
 class CellJob(submitit.helpers.Checkpointable):
     """One job: its runs as ``fedlight fit`` processes side by side; requeued (with every unfinished run resuming)
     through submitit's checkpoint hook. ``run_one(run, env, call=, mark=)`` runs one run and ``run_env(jobs)`` builds
-    the processes' environment (the launcher's own, :func:`fedlight.lab.reproduce.run_one` and ``run_env``)."""
+    the processes' environment (the launcher's own, :func:`fedlight.lab.runner.run_one` and ``run_env``)."""
 
     def __init__(self, runs: list, res: Resources, run_one: Callable, run_env: Callable) -> None:
         from fedlight.lab.jobs import Children

@@ -93,7 +93,7 @@ class Trackers:
 
         self.entries, self.out, self.text = entries, Path(out), config_text
         cell = _json(self.out / "reproduce.json").get("cell") or {}  # a `fedlight reproduce` cell's run
-        self.tags = {**tags, **{k: cell[k] for k in ("table", "row", "column", "seed") if k in cell}}
+        self.tags = {**tags, **{k: cell[k] for k in ("table", "row", "column", "seed", "study", "trial") if k in cell}}
         self.state: dict[str, dict[str, Any]] = _json(self.out / FILE) if resumed else {}
         self.loggers: dict[str, Any] = {}
         self.failed: dict[str, int] = {}  # name -> the first round it missed

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from fedlight.config.cli import main
+from fedlight.lab import runner
 from fedlight.run.directory import flatten
 from fedlight.run.trackers import metrics_of
 
@@ -239,8 +240,6 @@ def test_wandb_offline_run_files_hold_the_history_after_a_kill_and_a_move(tmp_pa
 def test_reproduce_of_a_2x2_table_gives_4_mlflow_runs_tagged_with_their_cells(mlflow_store, tmp_path, monkeypatch):
     import mlflow
 
-    from fedlight.lab import reproduce
-
     spec = {"title": "2x2", "base": TINY, "metric": "final_test_acc",
             "rows": {"fedavg": {"algorithm": {"class_path": "fedlight.algorithms.FedAvg"}},
                      "scaffold": {"algorithm": {"class_path": "fedlight.algorithms.SCAFFOLD"}}},
@@ -250,7 +249,7 @@ def test_reproduce_of_a_2x2_table_gives_4_mlflow_runs_tagged_with_their_cells(ml
     def fit_here(children, cmd, stdout, stderr, env):  # each cell's `fedlight fit` in this process (one import)
         return main(cmd[3:])
 
-    monkeypatch.setattr(reproduce.Children, "call", fit_here)
+    monkeypatch.setattr(runner.Children, "call", fit_here)
     assert main(["reproduce", str(tmp_path / "grid.yaml"), "--shrink", "rounds=1", "--out", str(tmp_path / "out"),
                  "--fit-args", "--loggers mlflow"]) == 0
     runs = mlflow.search_runs(experiment_names=["fedlight"], output_format="list")

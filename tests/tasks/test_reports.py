@@ -10,7 +10,7 @@ import fedlight
 from fedlight.core.loop_config import LoopConfig
 from fedlight.data import SyntheticRegression
 from fedlight.errors import ConfigError
-from fedlight.lab import report, reproduce
+from fedlight.lab import report, table_spec
 from fedlight.models import MLP
 
 
@@ -51,12 +51,12 @@ def test_a_table_metric_the_task_does_not_report_is_refused_before_any_run(tmp_p
     spec = {"title": "t", "base": "recipes/quickstart.yaml", "metric": "final_test_mse", "rows": {"a": {}},
             "columns": {"result": {}}}
     with pytest.raises(ConfigError, match=r"test_mse are not reported by the task.*reports test_acc, test_loss"):
-        reproduce.check_task_metrics(spec)
-    reproduce.check_task_metrics({**spec, "metric": "last_test_acc:5"})  # a metric it reports passes
+        table_spec.check_task_metrics(spec)
+    table_spec.check_task_metrics({**spec, "metric": "last_test_acc:5"})  # a metric it reports passes
     regression = {**spec, "base": "recipes/fedavg_mlp_syntheticregression_natural.yaml"}
-    reproduce.check_task_metrics({**regression, "metric": "best_test_mse"})
+    table_spec.check_task_metrics({**regression, "metric": "best_test_mse"})
     with pytest.raises(ConfigError, match="test_acc"):
-        reproduce.check_task_metrics(regression | {"metric": "final_test_acc"})
+        table_spec.check_task_metrics(regression | {"metric": "final_test_acc"})
     with pytest.raises(ConfigError, match="unknown metric"):
         report.check_metric("final_mse")
 
@@ -97,9 +97,9 @@ def test_a_recipe_whose_model_is_a_lightningmodule_leaves_its_metrics_to_the_run
 
     lit = tmp_path / "lit.yaml"
     lit.write_text("model: {class_path: lit.LitMLP}\ndata: {class_path: fedlight.data.Synthetic}\n")
-    assert reproduce.task_metrics(lit) is None
-    assert reproduce._is_lightning_module("lit.LitMLP") and not reproduce._is_lightning_module("fedlight.models.MLP")
-    code = ("import sys; from fedlight.lab import reproduce as r; "
+    assert table_spec.task_metrics(lit) is None
+    assert table_spec._is_lightning_module("lit.LitMLP") and not table_spec._is_lightning_module("fedlight.models.MLP")
+    code = ("import sys; from fedlight.lab import table_spec as r; "
             "assert not r._is_lightning_module('fedlight.models.MLP'); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout

@@ -1,0 +1,124 @@
+"""``tune.md`` / ``tune.csv`` / ``tune_<row>.png`` of a ``fedlight tune`` study, read from its storage: per row the
+best values, the objective of every trial, how many were pruned, Optuna's parameter importances, and the objective
+against each parameter (matplotlib, as ``fedlight report`` plots)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from fedlight.lab import report as rep
+
+
+def write(job, command: str) -> str:
+    """Write the three outputs beside the runs (``job``: a :class:`fedlight.lab.tune.Job`); the Markdown text."""
+    import optuna
+
+    from fedlight.run.files import atomic_write_text, git_revision
+
+    tune, states = job.tune, optuna.trial.TrialState
+    studies = {row: s.get_trials(deepcopy=False) for row, s in job.studies.items()}
+    spent = all(len(ts) >= tune.trials and not any(t.state == states.RUNNING for t in ts) for ts in studies.values())
+    lines = [f"# Tuning: {job.spec['title']}", "",
+             f"- Spec: `{job.spec_path}` · base recipe `{job.spec['base']}` · column `{tune.column}`",
+             f"- Objective: {tune.objective} ({rep.metric_label(tune.objective)}; "
+             f"{'higher' if job.maximize else 'lower'} is better), mean over {tune.seeds} seed(s) per trial",
+             f"- Budget: {tune.trials} trials per row × {tune.rounds} rounds · sampler {tune.sampler} · pruner "
+             f"{tune.pruner} · shrink: {job.shrink or 'none (full scale)'}",
+             f"- Study: `{job.url}`, studies {', '.join(f'`{s.study_name}`' for s in job.studies.values())}",
+             f"- State: {'budget spent: every trial finished' if spent else 'not finished: the same command goes on'}",
+             f"- Hardware: {rep.hardware([])} · fedlight revision: {git_revision()}",
+             f"- Command: `{command}`", "",
+             "| row | finished | pruned | failed | running | best objective | best values | best trial |",
+             "|---|---:|---:|---:|---:|---:|---|---|"]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["row", "trial", "state", "objective", "params", "best", "run_dir"])
+    detail = []
+    for row, trials in studies.items():
+        count = {s: sum(t.state == s for t in trials) for s in (states.COMPLETE, states.PRUNED, states.FAIL,
+                                                                   states.RUNNING)}
+        done = [t for t in trials if t.state == states.COMPLETE]
+        best = (max if job.maximize else min)(done, key=lambda t: t.value) if done else None
+        lines.append(f"| {row} | {count[states.COMPLETE]} | {count[states.PRUNED]} | {count[states.FAIL]} | "
+                     f"{count[states.RUNNING]} | {_num(best.value) if best else '-'} | "
+                     f"{_params(best.params) if best else '-'} | {best.number if best else '-'} |")
+        detail += [f"## {row}", "", f"Importances (Optuna's fANOVA): {importances(job.studies[row])}", "",
+                   f"![objective against each parameter](tune_{row}.png)", "",
+                   "| trial | state | objective | values | run directory |", "|---:|---|---:|---|---|"]
+        for t in trials:
+            value = t.value if t.state == states.COMPLETE else _last(t)
+            run_dir = job.out / row / f"trial{t.number:03d}"
+            detail.append(f"| {t.number} | {t.state.name.lower()} | {_num(value)}"
+                          f"{' (last report)' if value is not None and t.state != states.COMPLETE else ''} | "
+                          f"{_params(t.params)} | `{run_dir}` |")
+            w.writerow([row, t.number, t.state.name.lower(), "" if value is None else repr(value),
+                        json.dumps(t.params), str(best is not None and t.number == best.number).lower(), run_dir])
+        detail.append("")
+        plot(row, trials, job.tune.space[row], job.out / f"tune_{row}.png", tune.objective)
+    text = "\n".join([*lines, "", *detail])
+    atomic_write_text(job.out / "tune.md", text + "\n")
+    atomic_write_text(job.out / "tune.csv", buf.getvalue())
+    return text
+
+
+def _num(v: Any) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def _params(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={_num(v) if isinstance(v, float) else v}" for k, v in params.items())
+
+
+def _last(t) -> float | None:
+    """A pruned (or unfinished) trial's last reported value."""
+    return t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None
+
+
+def importances(study) -> str:
+    """Optuna's parameter importances (its default evaluator), or why there are none yet."""
+    import optuna
+
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if len(done) < 2:
+        return f"- (needs 2 finished trials, has {len(done)})"
+    try:
+        imp = optuna.importance.get_param_importances(study)
+    except (ValueError, RuntimeError) as e:
+        return f"- ({e})"
+    return ", ".join(f"{k} {v:.2f}" for k, v in imp.items()) or "-"
+
+
+def plot(row: str, trials: list, space: dict[str, dict[str, Any]], path: Path, objective: str) -> Path:
+    """Objective against each parameter of ``row``: finished trials filled, pruned ones hollow (last report)."""
+    import optuna
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.2 * len(space), 3.4), dpi=100)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(space), squeeze=False)[0]
+    for ax, (key, dist) in zip(axes, space.items()):
+        for state, filled in ((optuna.trial.TrialState.COMPLETE, True), (optuna.trial.TrialState.PRUNED, False)):
+            pts = [(t.params[key], t.value if filled else _last(t)) for t in trials
+                   if t.state == state and key in t.params]
+            pts = [(x, y) for x, y in pts if y is not None]
+            if pts:
+                xs = [x if not isinstance(x, str) else str(x) for x, _ in pts]
+                ax.scatter(xs, [y for _, y in pts], label=state.name.lower(),
+                           facecolors=None if filled else "none", edgecolors="C0" if filled else "C1")
+        if dist.get("log"):
+            ax.set_xscale("log")
+        ax.set_xlabel(key)
+        ax.set_ylabel(rep.metric_label(objective))
+        ax.grid(alpha=0.3)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
+    fig.suptitle(f"{row}: objective per trial", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path

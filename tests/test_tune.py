@@ -1,0 +1,259 @@
+"""``fedlight tune``: a study of 4 tiny trials (quickstart, Synthetic data) with the median pruner, SIGKILLed while
+its second trial runs; the same command finishes it. Checked from the storage and from the run directories: 4
+trials, each finished or pruned once, the killed one resumed from its checkpoint (its rounds recorded once each),
+each pruned one stopped after a round with its checkpoint. Then ``--tuned`` runs at the stored best values, a changed
+spec is refused, optuna-dashboard serves the study, and every bad input is one line, exit 2, before any trial.
+
+The CLI runs as a real process and each trial's run as a real process it starts, signals and loses when killed; to
+keep the test small, each run's process is forked from the CLI's (``FORKED``: the same ``fedlight fit`` code
+without importing torch again), not a fresh interpreter, and the second command runs in this process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+optuna = pytest.importorskip("optuna")
+
+from fedlight.config.cli import main  # noqa: E402
+from fedlight.lab import runner  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ROUNDS = 8
+GRID = [0.3, 1e-6, 0.05, 1e-5]  # two useful and two useless step sizes: the pruner has something to stop
+SPEC = {
+    "title": "tiny tune", "base": "recipes/quickstart.yaml", "metric": "best_test_acc",
+    "overrides": {"loop.local_steps": 20, "data.init_args.num_clients": 10, "loop.clients_per_round": 2},
+    "rows": {"fedavg": {"algorithm": {"class_path": "fedlight.algorithms.FedAvg"}}},
+    "tune": {"trials": 4, "rounds": ROUNDS, "objective": "best_test_acc", "sampler": {"name": "grid", "seed": 0},
+             "pruner": {"name": "median", "n_startup_trials": 1, "n_warmup_steps": 1},
+             "space": {"*": {"loop.lr": {"choices": GRID}}}},
+}
+
+# A `fedlight fit` process forked from the launcher's (torch, Lightning and fedlight already imported there).
+FORKED = r'''
+import os, signal, subprocess, sys, time, traceback
+from fedlight.config.cli import main
+from fedlight.run import stops
+Real = subprocess.Popen
+
+class Forked:
+    def __init__(self, cmd, stdout=None, stderr=None, env=None, process_group=None, **kw):
+        if cmd[1:3] != ["-m", "fedlight.config.cli"]:
+            self.__class__ = Real
+            Real.__init__(self, cmd, stdout=stdout, stderr=stderr, env=env, process_group=process_group, **kw)
+            return
+        self.args, self.returncode = cmd, None
+        self.pid = os.fork()
+        if self.pid == 0:
+            rc = 1
+            try:
+                for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+                    signal.signal(s, signal.SIG_DFL)
+                os.setpgid(0, 0)
+                os.dup2(stdout.fileno(), 1); os.dup2(stderr.fileno(), 2)
+                os.environ.clear(); os.environ.update(env)
+                stops.die_with_parent()
+                rc = main(cmd[3:])
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush(); sys.stderr.flush(); os._exit(rc)
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        t0 = time.time()
+        while self.poll() is None:
+            if timeout is not None and time.time() - t0 > timeout:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def send_signal(self, sig):
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+'''
+# The CLI as its own process, its runs forked from it.
+CLI = "import fedlight.config.api, lightning\n" + FORKED + "subprocess.Popen = Forked\nsys.exit(main(sys.argv[1:]))\n"
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+
+
+def _cli(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CLI, *args], cwd=cwd, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _rows(run: Path) -> list[int]:
+    return [json.loads(ln)["round"] for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+
+
+def _wait_for(what, limit_s: float, proc: subprocess.Popen | None = None) -> None:
+    t0 = time.time()
+    while not what():
+        assert time.time() - t0 < limit_s, "timed out"
+        assert proc is None or proc.poll() is None, proc.communicate()[0][-3000:]
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """The 4-trial study, SIGKILLed during its second trial and finished by the same command."""
+    tmp = tmp_path_factory.mktemp("tune")
+    (tmp / "spec.yaml").write_text(yaml.safe_dump(SPEC))
+    (tmp / "recipes").symlink_to(ROOT / "recipes")
+    out = tmp / "out"
+    args = ["tune", "spec.yaml", "--out", "out"]
+    proc = _cli(args, tmp)
+    second = out / "fedavg" / "trial001" / "seed0"
+    try:
+        _wait_for(lambda: (second / "metrics.jsonl").is_file() and len(_rows(second)) >= 1, 240, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    killed_at = len(_rows(second))
+    storage = optuna.storages.RDBStorage(f"sqlite:///{out / 'study.db'}")
+    before = optuna.load_study(study_name="spec/fedavg", storage=storage).get_trials()
+    import lightning  # noqa: F401  (imported here once, not in each forked run)
+
+    import fedlight.config.api  # noqa: F401
+
+    forked: dict = {}
+    exec(FORKED, forked)
+    with pytest.MonkeyPatch.context() as here:  # the same command again, here (its runs forked from this process)
+        here.chdir(tmp)
+        here.setattr(subprocess, "Popen", forked["Forked"])
+        assert main(args) == 0  # (a killed run stops after its round: the command waits for its folder's lock)
+    after = optuna.load_study(study_name="spec/fedavg", storage=storage).get_trials()
+    return {"tmp": tmp, "out": out, "before": before, "after": after, "killed_at": killed_at}
+
+
+def test_a_killed_study_finishes_with_every_trial_run_once(study):
+    states = optuna.trial.TrialState
+    before, after, out = study["before"], study["after"], study["out"]
+    assert [t.state for t in before][:2] in ([states.COMPLETE, states.RUNNING], [states.PRUNED, states.RUNNING])
+    assert len(after) == 4 and sorted(t.number for t in after) == [0, 1, 2, 3]
+    assert {t.state for t in after} <= {states.COMPLETE, states.PRUNED}
+    assert sorted(t.params["loop.lr"] for t in after) == sorted(GRID)  # the grid, each point once
+    assert sorted(p.name for p in (out / "fedavg").iterdir()) == ["trial000", "trial001", "trial002", "trial003"]
+    for t in after:
+        run = out / "fedavg" / f"trial{t.number:03d}" / "seed0"
+        rounds = _rows(run)
+        assert rounds == list(range(1, len(rounds) + 1))  # each round recorded once: resumed, never rerun
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        assert cfg["loop"]["lr"] == t.params["loop.lr"] and cfg["loop"]["rounds"] == ROUNDS
+        made = json.loads((run / "reproduce.json").read_text())["cell"]
+        assert (made["study"], made["trial"]) == ("spec/fedavg", t.number)  # the trackers' tags
+        if t.state == states.COMPLETE:
+            assert len(rounds) == ROUNDS and t.value == pytest.approx(max(r["test_acc"] for r in map(
+                json.loads, (run / "metrics.jsonl").read_text().splitlines())) * 100)
+        else:  # pruned: reported up to its last round; stopped after a round, its checkpoint written (or it had
+            assert max(t.intermediate_values) == len(rounds)  # finished its rounds by the time it was told)
+            stopped = json.loads((run / "job.json").read_text())["state"] == "stopped"
+            assert stopped == (len(rounds) < ROUNDS) and (run / "checkpoints" / "last.ckpt").is_file()
+    pruned = [t for t in after if t.state == states.PRUNED]  # the useless step sizes, after a useful one
+    assert pruned and min(len(t.intermediate_values) for t in pruned) < ROUNDS
+    resumed = out / "fedavg" / "trial001" / "seed0"
+    assert "resum" in (resumed / "fit.log").read_text().lower() and study["killed_at"] >= 1
+    text = (out / "tune.md").read_text()
+    assert "budget spent" in text and "Importances" in text and (out / "tune_fedavg.png").stat().st_size > 1000
+    best = max((t for t in after if t.state == states.COMPLETE), key=lambda t: t.value)
+    assert f"| fedavg | {sum(t.state == states.COMPLETE for t in after)} | " in text and f"| {best.number} |" in text
+
+
+def test_reproduce_tuned_runs_at_the_best_values(study, monkeypatch, capsys):
+    monkeypatch.chdir(study["tmp"])
+    monkeypatch.setattr(runner.Children, "call", lambda self, cmd, stdout, stderr, env: main(cmd[3:]))
+    assert main(["reproduce", "spec.yaml", "--tuned", "out", "--shrink", "rounds=1", "--out", "tuned"]) == 0
+    best = max((t for t in study["after"] if t.state == optuna.trial.TrialState.COMPLETE), key=lambda t: t.value)
+    cfg = yaml.safe_load((study["tmp"] / "tuned" / "fedavg" / "result" / "seed0" / "config.yaml").read_text())
+    assert cfg["loop"]["lr"] == best.params["loop.lr"]
+    assert f"loop.lr = {best.params['loop.lr']:.4g}" in (study["tmp"] / "tuned" / "table.md").read_text()
+
+
+def test_a_changed_spec_is_refused_naming_the_difference(study, monkeypatch, capsys):
+    monkeypatch.chdir(study["tmp"])
+    changed = {**SPEC, "tune": {**SPEC["tune"], "space": {"*": {"loop.lr": {"choices": [0.1, 0.2]}}}}}
+    Path("changed.yaml").write_text(yaml.safe_dump(changed))
+    assert main(["tune", "changed.yaml", "--out", "out", "--study", "spec"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "`space` is" in err and "0.2" in err
+
+
+def test_optuna_dashboard_serves_the_study(study):
+    exe = Path(sys.executable).with_name("optuna-dashboard")
+    if not exe.is_file():
+        pytest.skip("optuna-dashboard is not installed (pip install 'fedlight[tune]')")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(exe), f"sqlite:///{study['out'] / 'study.db'}", "--host", "127.0.0.1", "--port",
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        studies = None
+        for _ in range(120):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2) as r:
+                    studies = json.loads(r.read())["study_summaries"]
+                    break
+            except OSError:
+                assert proc.poll() is None, "optuna-dashboard exited"
+                time.sleep(0.5)
+        assert studies is not None, "optuna-dashboard did not answer in 60 s"
+        (ours,) = [s for s in studies if s["study_name"] == "spec/fedavg"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{ours['study_id']}", timeout=10) as r:
+            detail = json.loads(r.read())
+        assert len(detail["trials"]) == 4
+        assert {t["state"] for t in detail["trials"]} <= {"Complete", "Pruned"}
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def _tune_with(tmp_path, monkeypatch, capsys, change, extra=()):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    spec = json.loads(json.dumps(SPEC))
+    change(spec)
+    Path("bad.yaml").write_text(yaml.safe_dump(spec))
+    called = []
+    monkeypatch.setattr(runner.Children, "call", lambda *a, **k: called.append(a))
+    code = main(["tune", "bad.yaml", "--out", "out", *extra])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and not called, err
+    return err
+
+
+@pytest.mark.parametrize("change, extra, says", [
+    (lambda s: s["tune"]["space"].update({"*": {"loop.lrr": {"low": 0.01, "high": 0.1}}}), (),
+     "no such setting; did you mean 'loop.lr'?"),
+    (lambda s: s["tune"]["space"].update({"*": {"loop.lr_schedule": {"low": 0.01, "high": 0.1}}}), (),
+     "a range needs a numeric setting"),
+    (lambda s: s["tune"]["space"].update({"fedavg": {"algorithm.init_args.server_lrr": {"low": 0.5, "high": 1}}}),
+     (), "did you mean 'algorithm.init_args.server_lr'?"),
+    (lambda s: s["tune"].update(space={}), (), "`tune.space` is empty"),
+    (lambda s: s["tune"].update(objective="best_test_mse"), (), "does not report"),
+    (lambda s: None, ("--storage", "sqlite:////proc/no/study.db"), "cannot be opened"),
+    (lambda s: None, ("--storage", "nosuchdb://x"), "cannot be opened"),
+])
+def test_bad_input_is_one_line_before_any_trial(tmp_path, monkeypatch, capsys, change, extra, says):
+    assert says in _tune_with(tmp_path, monkeypatch, capsys, change, extra)
