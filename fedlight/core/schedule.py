@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fedlight.core.rules import LocalUpdateRule
+from fedlight.core.wrap import LocalWrapper
 
 
-class InRoundLR(LocalUpdateRule):
+class InRoundLR(LocalWrapper):
     """Runs ``inner`` with a learning rate that changes over the local steps of a round.
 
     Before local step ``k`` (0-based) the optimizer's lr is set to ``schedule(η_r, k, K)``; ``ctx.lr_sum`` then
@@ -21,23 +22,9 @@ class InRoundLR(LocalUpdateRule):
     """
 
     def __init__(self, inner: LocalUpdateRule, schedule: Callable[[float, int, int], float]) -> None:
-        self.inner, self.schedule = inner, schedule
-        self.needs_true_grad_norm = inner.needs_true_grad_norm
-        self.stacked_unsupported = inner.stacked_unsupported
-
-    def make_optimizer(self, params, lr, default):
-        return self.inner.make_optimizer(params, lr, default)
-
-    @property
-    def brings_optimizer(self) -> bool:
-        return self.inner.brings_optimizer
-
-    def start(self, model, ctx):
-        self.inner.start(model, ctx)
+        super().__init__(inner)
+        self.schedule = schedule
 
     def step(self, model, batch, ctx):
         ctx.set_lr(self.schedule(ctx.lr, ctx.step_index, ctx.num_steps))  # η_k
         return self.inner.step(model, batch, ctx)
-
-    def finish(self, model, ctx):
-        return self.inner.finish(model, ctx)

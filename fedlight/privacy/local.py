@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedlight.core.rules import ClientResult, LocalUpdateRule
+from fedlight.core.wrap import LocalWrapper
 from fedlight.errors import ConfigError
 from fedlight.privacy import noise
 from fedlight.privacy.clip import clip_upload
@@ -33,7 +34,7 @@ class ClientNoise:
     seed: int
 
 
-class PrivateLocal(LocalUpdateRule):
+class PrivateLocal(LocalWrapper):
     """``inner`` whose upload (Δ and every extra) is clipped to ``‖·‖ ≤ C`` and, with ``client_noise``, noised.
 
     Args:
@@ -47,28 +48,18 @@ class PrivateLocal(LocalUpdateRule):
 
     def __init__(self, inner: LocalUpdateRule, bound: ClipBound, client_noise: ClientNoise | None = None,
                  l1: bool = False, report_clipped: bool = False, record: RecordLevel | None = None) -> None:
-        self.inner, self.bound, self.client_noise, self.record = inner, bound, client_noise, record
+        super().__init__(inner)
+        self.bound, self.client_noise, self.record = bound, client_noise, record
         self.ord, self.report_clipped = 1 if l1 else 2, report_clipped
-        self.needs_true_grad_norm = inner.needs_true_grad_norm
         self.stacked_unsupported = inner.stacked_unsupported or (
             None if client_noise is None and record is None else "a client's own DP noise is drawn per client id "
             "(privacy.level: local or record, or privacy.placement: distributed); use loop.client_parallelism: "
             "sequential")
 
-    def make_optimizer(self, params, lr, default):
-        return self.inner.make_optimizer(params, lr, default)
-
-    @property
-    def brings_optimizer(self) -> bool:
-        return self.inner.brings_optimizer
-
     def start(self, model, ctx):
         self.inner.start(model, ctx)
         if self.record is not None:
             self.record.install(model, ctx)
-
-    def step(self, model, batch, ctx):
-        return self.inner.step(model, batch, ctx)
 
     def finish(self, model, ctx) -> ClientResult:
         result = self.inner.finish(model, ctx)
