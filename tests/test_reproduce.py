@@ -76,10 +76,11 @@ def test_per_round_keys_final_last_and_variance_on_a_hand_made_curve(tmp_path):
     assert report.metric_value(run, "var_train_loss:3") == pytest.approx(((1 - 3) ** 2 + (2 - 3) ** 2 + 3 ** 2) / 3)
     assert report.metric_value(run, "var_train_loss:10") == pytest.approx(3.6875)  # all four: mean 3.25
     assert report.metric_value(run, "last_train_loss:2") == pytest.approx(4.0)
-    assert report.metric_value(run, "final_round_time_s") == 0.5
+    with pytest.raises(ConfigError, match="unknown metric `final_server/momentum_variance`: no round"):
+        report.metric_value(run, "final_server/momentum_variance")  # a rule diagnostic this run does not log
     assert report.metric_label("var_train_loss:100") == "variance of train_loss over the last 100 rounds"
     assert report.stats("var_train_loss:100", [0.00123, 0.00456])["text"] == "0.00290 ± 0.00235"
-    for bad in ("var_train_loss", "last_train_loss:0", "final_train_loss_x:3"):
+    for bad in ("var_train_loss", "last_train_loss:0", "final_train_loss_x:3", "final_mse"):
         with pytest.raises(ConfigError, match="var_train_loss:100|unknown metric"):
             report.metric_value(run, bad)
 

@@ -166,8 +166,10 @@ def test_a_killed_study_finishes_with_every_trial_run_once(study):
         if t.state == states.COMPLETE:
             assert len(rounds) == ROUNDS and t.value == pytest.approx(max(r["test_acc"] for r in map(
                 json.loads, (run / "metrics.jsonl").read_text().splitlines())) * 100)
-        else:  # pruned: reported up to its last round; stopped after a round, its checkpoint written (or it had
-            assert max(t.intermediate_values) == len(rounds)  # finished its rounds by the time it was told)
+        else:  # pruned: reported up to the decision; stopped after a later round (the stop signal is asynchronous:
+            # on a busy machine the run finishes a round or two more before it lands; those rounds are in its
+            # metrics.jsonl, not in the study), its checkpoint written (or it had finished its rounds by then)
+            assert max(t.intermediate_values) <= len(rounds)
             stopped = json.loads((run / "job.json").read_text())["state"] == "stopped"
             assert stopped == (len(rounds) < ROUNDS) and (run / "checkpoints" / "last.ckpt").is_file()
     pruned = [t for t in after if t.state == states.PRUNED]  # the useless step sizes, after a useful one

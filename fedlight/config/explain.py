@@ -51,7 +51,9 @@ def explain(e: BaseException, parser=None) -> str:
     unknown = (_unknown(msg, parser) if parser is not None else None) or _missing_class(msg)
     if unknown:
         return unknown
-    number = re.search(r'Parser key "([^"]+)":\s*Expected a <class \'(float|int)\'>\. Got value: (\S+)', msg)
+    number = re.search(r'Parser key "([^"]+)":\s*Expected a <class \'(float|int)\'>\. Got value: (\S+)', msg) or \
+        re.search(r'Parser key "([^"]+)":\s*Does not validate against any of the Union subtypes\s*Subtypes: '
+                  r'\[<class \'(float|int)\'>, <class \'NoneType\'>\].*Given value: (\S+)\s*$', msg, re.S)  # X | None
     if number:  # YAML reads `nan`, `inf` and typos as strings
         key, kind, got = number.groups()
         finite = "a finite " if re.fullmatch(r"[+-]?\.?(nan|inf|infinity)", got, re.I) else "a "

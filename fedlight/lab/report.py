@@ -28,8 +28,11 @@ METRICS = ("final_test_acc", "best_test_acc", "seconds_per_round", "final_train_
 """The classic metrics; any task metric also works as ``final_test_<m>``, ``best_test_<m>`` or ``last_test_<m>:<k>``
 (``test_<m>`` a key of ``metrics.jsonl``, e.g. ``final_test_mse``, ``last_test_perplexity:10``)."""
 TASK_METRIC = re.compile(r"^(final|best)_(test_\w+)$|^last_(test_\w+):(\d+)$")
-ROUND_METRIC = re.compile(r"^(final|last|var)_(?!test_)([A-Za-z][\w/]*?)(?::(\d+))?$")
-"""Any other per-round key of ``metrics.jsonl`` (``train_loss``, ``server/momentum_variance``, ``rule/...``):
+ROUND_METRIC = re.compile(r"^(final|last|var)_(train_loss|update_norm|flatness_distance|[A-Za-z]\w*/[\w/]+)"
+                          r"(?::(\d+))?$")
+"""A per-round key of ``metrics.jsonl`` that is not a test metric: the loop's ``train_loss``, ``update_norm``,
+``flatness_distance``, or a rule's namespaced diagnostic (``server/momentum_variance``, ``rule/...``,
+``privacy/epsilon``; a bare name such as ``final_mse`` stays an unknown metric, not a key to look for):
 ``final_<key>`` its last value, ``last_<key>:<k>`` the mean and ``var_<key>:<k>`` the population variance of its last
 ``k`` values (e.g. ``var_train_loss:100``, the round-to-round variance of the training loss over the last 100
 rounds)."""
@@ -139,7 +142,8 @@ def check_metric(metric: str) -> None:
     else:
         check(metric in METRICS or TASK_METRIC.match(metric) is not None,
               f"unknown metric {metric!r}; use {', '.join(METRICS)}, final_test_<m> / best_test_<m> (m: what the "
-              "task reports, e.g. mse, perplexity, mcc), rounds_to_target:<t> or last_test_<m>:<k>")
+              "task reports, e.g. mse, perplexity, mcc), rounds_to_target:<t>, last_test_<m>:<k>, or "
+              "final_/last_/var_ of a per-round key (var_train_loss:100, final_server/momentum_variance)")
 
 
 def metric_value(run: Path, metric: str) -> float | None:
