@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fedlight.lab import bench
+from fedlight.lab import bench, bench_cpu
+from fedlight.lab.workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,15 +34,15 @@ def test_fit_wall_tiny_times_both_sides_alike_and_they_compute_the_same_model(tm
 
 
 def test_fedlight_minimal_and_vmap_rounds_compute_the_same_model():
-    w = bench.Workload("mlp", clients=3, steps=4, batch=8)
-    res = bench.overhead(w, reps=2, warmup=1)
+    w = Workload("mlp", clients=3, steps=4, batch=8)
+    res = bench_cpu.overhead(w, reps=2, warmup=1)
     assert res["max_abs_diff_fedlight_vs_minimal"] < 1e-5  # same batches, same steps; fp32 reduction order only
     assert res["max_abs_diff_vmap_vs_minimal"] < 1e-5
     assert set(res["s_per_round"]) == {"fedlight", "minimal", "vmap"}
 
 
 def test_many_clients_tiny_spills_and_matches_in_memory():
-    res = bench.many_clients(num_clients=30, budget_mb=1.0, rounds=1, samples=2, clients_per_round=4)
+    res = bench_cpu.many_clients(num_clients=30, budget_mb=1.0, rounds=1, samples=2, clients_per_round=4)
     assert res["spilled_clients"] > 20 and res["in_memory_mb"] <= 1.0
     assert res["max_abs_diff_spilled_vs_memory"] == 0.0  # spilling changes where c_i lives, never its bits
     assert res["peak_rss_mb"] > 0
@@ -63,7 +64,7 @@ def test_gpu_section_says_when_it_cannot_run_and_its_code_runs_on_cpu():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="os.wait4 / gloo on CPU")
 def test_multiprocess_tiny_1_and_2_processes_agree(tmp_path):
-    res = bench.multiprocess(rounds=1, steps=2, workdir=str(tmp_path), tiny=True)
+    res = bench_cpu.multiprocess(rounds=1, steps=2, workdir=str(tmp_path), tiny=True)
     assert res["max_abs_diff_final_model"] < 1e-6
     assert 0 <= res["eval_share"][1] <= 1 and res["rank0_peak_rss_mb"][2] > 0
 

@@ -132,8 +132,8 @@ def test_anchor_step_keeps_nothing_a_cuda_graph_produced():
     replay, which overwrote them. The step leaves no gradient behind, and it trains."""
     import torch
 
-    from fedlight.lab.bench import Workload
     from fedlight.lab.bench_routes import single_model_step
+    from fedlight.lab.workload import Workload
 
     w = Workload("lenet5", clients=2, steps=2, batch=4)
     step, model = single_model_step(w, torch.device("cpu"), 4, graphs=True)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from fedlight.lab import landscape as LS
+from fedlight.lab import landscape_run as LR
 
 D_IN, D_OUT, N = 6, 2, 40
 EIGS = np.array([9.0, 3.0, 2.0, 1.0, 0.5, 0.25])  # spectrum of A = XᵀX/n
@@ -180,17 +181,17 @@ def run_dir(tmp_path_factory) -> Path:
 
 
 def test_load_run_rebuilds_the_final_model(run_dir):
-    run = LS.load_run(run_dir, device="cpu")
+    run = LR.load_run(run_dir, device="cpu")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert run.round == 2
-    test_loss = LS.loss(run.model, LS.data_batches(run.data, "test"), run.task.objective)
+    test_loss = LS.loss(run.model, LR.data_batches(run.data, "test"), run.task.objective)
     assert test_loss == pytest.approx(summary["final_test_loss"], rel=1e-5)
-    train = LS.loss(run.model, LS.data_batches(run.data, "train", batch_size=7), run.task.objective)
-    assert train == pytest.approx(LS.loss(run.model, LS.data_batches(run.data, "train"), run.task.objective), rel=1e-6)
-    last = LS.load_run(run_dir, checkpoint="last", device="cpu")
+    train = LS.loss(run.model, LR.data_batches(run.data, "train", batch_size=7), run.task.objective)
+    assert train == pytest.approx(LS.loss(run.model, LR.data_batches(run.data, "train"), run.task.objective), rel=1e-6)
+    last = LR.load_run(run_dir, checkpoint="last", device="cpu")
     assert last.round == 2
     assert all(torch.equal(a, b) for a, b in zip(run.model.state_dict().values(), last.model.state_dict().values()))
-    sub = list(LS.data_batches(run.data, "train", max_samples=40)())
+    sub = list(LR.data_batches(run.data, "train", max_samples=40)())
     assert 35 <= sum(len(y) for _, y in sub) <= 45
 
 
@@ -208,8 +209,8 @@ def test_landscape_and_sharpness_commands(run_dir, capsys):
     curve = np.loadtxt(run_dir / "landscape" / "r2_train_1d.csv", delimiter=",", skiprows=1)
     assert grid["losses"].shape == (5, 5)
     np.testing.assert_allclose(curve[:, 1], grid["losses"][:, 2])  # the β = 0 row is the 1-D curve
-    run = LS.load_run(run_dir, device="cpu")
-    train = LS.loss(run.model, LS.data_batches(run.data, "train"), run.task.objective)
+    run = LR.load_run(run_dir, device="cpu")
+    train = LS.loss(run.model, LR.data_batches(run.data, "train"), run.task.objective)
     assert grid["losses"][2, 2] == pytest.approx(train, rel=1e-6)
 
     assert main(["sharpness", str(run_dir), "--data", "test", "--iters", "5", "--steps", "2", "--device", "cpu"]) == 0
@@ -260,7 +261,7 @@ def test_landscape_and_sharpness_use_the_runs_task(tmp_path, capsys):
     run_dir = tmp_path / "run"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["headline"]["metric"] == "test_mse"
-    run = LS.load_run(run_dir, device="cpu")
+    run = LR.load_run(run_dir, device="cpu")
     assert isinstance(run.task, Regression)
     assert main(["landscape", str(run_dir), "--data", "test", "--points", "3", "--device", "cpu"]) == 0
     curve = np.loadtxt(run_dir / "landscape" / "r2_test_1d.csv", delimiter=",", skiprows=1)

@@ -45,13 +45,13 @@ loop: {rounds: 1, clients_per_round: 2, local_steps: 1, lr: 0.05, progress: fals
 
 def test_landscape_titles_name_algorithm_and_run(tmp_path):
     from fedlight.config.cli import main
-    from fedlight.lab import landscape
+    from fedlight.lab import landscape_run
 
     (tmp_path / "tiny.yaml").write_text(TINY)
     run_dir = tmp_path / "my_sam_run"
     assert main(["fit", "--config", str(tmp_path / "tiny.yaml"), "--out_dir", str(run_dir), "--accelerator",
                  "cpu"]) == 0
-    res = landscape.run_landscape(run_dir, dims=2, points=3, device="cpu", tensorboard=False)
+    res = landscape_run.run_landscape(run_dir, dims=2, points=3, device="cpu", tensorboard=False)
     assert len(res["titles"]) == 2
     for title in res["titles"]:
         assert "FedSAM" in title and "my_sam_run" in title and "round 1" in title and "MLP" in title

@@ -52,7 +52,7 @@ def _sync(dev: torch.device) -> None:
 
 
 def _loop(w, dev: str, compile):
-    from fedlight.lab.bench import fedlight_loop
+    from fedlight.lab.workload import fedlight_loop
 
     model = w.model().to(dev)
     if dev == "cpu" and compile:  # --smoke: the same dynamo/AOTAutograd path, without inductor's C++ build
@@ -201,7 +201,7 @@ def graphs_section(w, dev: str) -> None:
 
 
 def _proc_worker(rank: int, procs: int, shape: tuple[int, int, int], dev: str, compile, barrier, out) -> None:
-    from fedlight.lab.bench import Workload
+    from fedlight.lab.workload import Workload
 
     clients, steps, batch = shape
     share = clients // procs + (rank < clients % procs)  # 10 clients over 4 processes: 3, 3, 2, 2
@@ -235,7 +235,7 @@ def procs_section(w, dev: str, counts: tuple[int, ...], compile) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fedlight.lab.bench import Workload
+    from fedlight.lab.workload import Workload
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks the script, numbers meaningless")

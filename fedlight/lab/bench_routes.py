@@ -122,9 +122,9 @@ def anchor(w, dev: str, smoke_backend: str = "aot_eager") -> dict[str, float]:
 
 def route_row(name: str, w, dev: str, rounds: int = 3, smoke_backend: str = "aot_eager") -> dict[str, Any]:
     """One route's FedAvg rounds (see the module docstring); ``x0``: the model after round 0, for the comparison."""
-    from fedlight.lab.bench import fedlight_loop
     from fedlight.lab.bench_gpu import H100_BF16_PEAK, flop_per_sample
     from fedlight.lab.route_candidates import swap
+    from fedlight.lab.workload import fedlight_loop
 
     d = torch.device(dev)
     kw = dict(ROUTES[name])

@@ -1,4 +1,4 @@
-"""What :mod:`fedlight.lab.bench`, :mod:`~fedlight.lab.bench_gpu` and :mod:`~fedlight.lab.bench_nlp` share: the
+"""What :mod:`fedlight.lab.bench_cpu`, :mod:`~fedlight.lab.bench_gpu` and :mod:`~fedlight.lab.bench_nlp` share: the
 workload, a real loop on it, a timer that waits for the device, and the process's memory."""
 
 from __future__ import annotations
