@@ -1,15 +1,13 @@
-"""``fedlight report RUN_DIR...``: finished runs → a comparison table (Markdown + CSV) and curve plots (PNG).
+"""Finished runs → their metrics and a comparison table (Markdown + CSV), for ``fedlight report RUN_DIR...``
+(:mod:`fedlight.lab.report_plot`, which also draws the curves), ``fedlight reproduce`` and ``fedlight tune``.
 
 A run directory is anything holding ``metrics.jsonl`` (one JSON row per round, written by the loop) and, once
 finished, ``summary.json``. A directory that is not a run is searched recursively, so
 ``fedlight report runs/tables/fedwmsam_table1`` reports every run of a reproduced table.
-The plot has two panels, test accuracy and train loss against rounds, one line per run (or, from
-``fedlight reproduce``, one line per cell: the mean curve over its seeds), like the papers' figures.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -252,70 +250,10 @@ def hardware(runs: list[Path]) -> str:
     return f"CPU {cpu} ({os.cpu_count()} cores); GPU {', '.join(gpus) if gpus else 'none'}"
 
 
-def mean_curve(runs: list[Path], key: str) -> tuple[list[int], list[float]]:
-    """Per-round mean of ``key`` over ``runs`` (rounds where at least one run has a value)."""
-    by_round: dict[int, list[float]] = {}
-    for run in runs:
-        for row in read_curve(run):
-            v = row.get(key)
-            if isinstance(v, (int, float)) and math.isfinite(v):
-                by_round.setdefault(int(row["round"]), []).append(float(v))
-    rounds = sorted(by_round)
-    return rounds, [sum(by_round[r]) / len(by_round[r]) for r in rounds]
-
-
 def headline(run: Path) -> tuple[str, bool]:
     """A run's headline test metric and its direction (from ``summary.json``; runs before tasks: accuracy)."""
     h = (read_summary(run) or {}).get("headline") or {}
     return h.get("metric", "test_acc"), h.get("higher_is_better", True)
-
-
-def curves_figure(groups: dict[str, list[Path]], title: str = ""):
-    """The headline test metric (accuracy in %) and train loss against rounds, one line per group (mean over its
-    runs), as a ``Figure``.
-
-    The loss panel is on a log axis (when every loss is positive), so one diverging rule does not flatten the rest.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    fig = Figure(figsize=(11, 4.2), dpi=100)
-    FigureCanvasAgg(fig)
-    ax_acc, ax_loss = fig.subplots(1, 2)
-    all_losses: list[float] = []
-    key = headline(next(iter(groups.values()))[0])[0] if groups else "test_acc"
-    scale = 100 if is_fraction(key) else 1
-    for label, runs in groups.items():
-        label = label if len(runs) == 1 else f"{label} (mean of {len(runs)})"
-        r, acc = mean_curve(runs, key)
-        if r:
-            ax_acc.plot(r, [scale * a for a in acc], label=label, lw=1.4, marker="o" if len(r) < 12 else None, ms=3)
-        r, loss = mean_curve(runs, "train_loss")
-        if r:
-            ax_loss.plot(r, loss, label=label, lw=1.4, marker="o" if len(r) < 12 else None, ms=3)
-            all_losses += loss
-    for ax, name in ((ax_acc, metric_label(f"final_{key}").removeprefix("final ")), (ax_loss, "train loss")):
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(name)
-        ax.grid(alpha=0.3)
-    if all_losses and min(all_losses) > 0:
-        ax_loss.set_yscale("log")
-        ax_loss.set_ylabel("train loss (log scale)")
-        ax_loss.grid(alpha=0.3, which="both")
-    ax_loss.legend(fontsize=7, loc="best", ncol=1 + len(groups) // 12)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def plot_curves(groups: dict[str, list[Path]], path: Path, title: str = "") -> Path:
-    """Write :func:`curves_figure` as a PNG."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    curves_figure(groups, title).savefig(path)
-    return path
 
 
 def _algorithm(run: Path) -> str:
@@ -339,12 +277,13 @@ def run_rows(runs: list[Path]) -> list[dict[str, Any]]:
     for run in runs:
         s, curve = read_summary(run), read_curve(run)
         label = str(run.resolve().relative_to(common)) if len(runs) > 1 else run.name
-        key, _ = headline(run)
+        key, higher = headline(run)
+        head = {"headline": {"metric": key, "higher_is_better": higher}}  # an unfinished run's best: its direction
         rows.append({
             "run": label, "algorithm": _algorithm(run), "finished": s is not None,
             "rounds": s["rounds_completed"] if s else (curve[-1]["round"] if curve else 0), "metric": key,
-            f"final_{key}": s.get(f"final_{key}") if s else from_curve(curve, f"final_{key}", key),
-            f"best_{key}": s.get(f"best_{key}") if s else from_curve(curve, f"best_{key}", key),
+            f"final_{key}": s.get(f"final_{key}") if s else from_curve(curve, f"final_{key}", key, head),
+            f"best_{key}": s.get(f"best_{key}") if s else from_curve(curve, f"best_{key}", key, head),
             "best_round": s["best_round"] if s else None,
             "final_train_loss": s["final_train_loss"] if s else (curve[-1].get("train_loss") if curve else None),
             "seconds_per_round": s["seconds_per_round"] if s else None,
@@ -376,24 +315,3 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
     w.writeheader()
     w.writerows(rows)
     return out.getvalue()
-
-
-def cmd_report(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="fedlight report", description="Finished runs -> comparison table (report.md, "
-                                "report.csv) and curves.png (test accuracy and train loss against rounds).")
-    p.add_argument("runs", nargs="+", help="run directories (or folders searched for them)")
-    p.add_argument("--out", default="runs/report", help="where report.md, report.csv and curves.png go")
-    p.add_argument("--title", default="", help="plot title")
-    args = p.parse_args(argv)
-    from fedlight.run.files import atomic_write_text
-
-    runs = find_runs(args.runs)
-    rows = run_rows(runs)
-    out = Path(args.out)
-    md = markdown_table(rows)
-    atomic_write_text(out / "report.md", f"# Run comparison\n\n{md}")
-    atomic_write_text(out / "report.csv", csv_text(rows))
-    plot_curves({r["run"]: [run] for r, run in zip(rows, runs)}, out / "curves.png", args.title)
-    print(md)
-    print(f"wrote {out / 'report.md'}, {out / 'report.csv'}, {out / 'curves.png'}")
-    return 0

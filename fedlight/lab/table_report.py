@@ -11,7 +11,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from fedlight.lab.report import hardware, metric_label, plot_curves, read_summary, stats
+from fedlight.lab.report import hardware, metric_label, read_summary, stats
+from fedlight.lab.report_plot import check_curve_keys, plot_curves
 
 
 def paper_value(spec: dict, cell) -> Any:
@@ -114,6 +115,7 @@ def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Pat
     from fedlight.run.files import atomic_write_text, git_revision
 
     runs = [path for _, path in done]
+    check_curve_keys(runs, spec.get("curves", []), f"table spec {spec_path}: `curves`")
     revs = sorted({v for c in cs for v in c.revisions} - {"missing", "earlier"})
     borrowed = sum(c.earlier for c in cs)
     rounds = sorted({(read_summary(r) or {}).get("rounds_completed") for r in runs} - {None})
@@ -171,5 +173,6 @@ def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Pat
     if len(figures) == 1:
         figures = {"": next(iter(figures.values()))}
     for fig, groups in figures.items():
-        plot_curves(groups, out / f"curves{'_' + fig if fig else ''}.png", f"{spec['title']} {fig}".strip())
+        plot_curves(groups, out / f"curves{'_' + fig if fig else ''}.png", f"{spec['title']} {fig}".strip(),
+                    spec.get("curves", []))
     return "\n".join(lines)

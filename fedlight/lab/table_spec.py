@@ -12,6 +12,7 @@
     cell_overrides: {fedadamw/vit: {algorithm.init_args.blocks: hessian}}
     paper:   {fedavg: {dir0.1: 82.26, dir0.6: 86.84}, ...}   # null or absent: the paper has no number
     baseline: fedavg                  # optional: each cell's gap to this row (paired by seed), sign vs the paper's
+    curves: [server/momentum_variance]  # optional: more panels in curves*.png (per-round keys of metrics.jsonl)
     notes: how this setup differs from the paper's
     tune: {...}                       # optional: the search of `fedlight tune` (:mod:`fedlight.lab.tune_space`)
 
@@ -32,7 +33,7 @@ from fedlight.lab import report as rep
 
 SHRINK_KEYS = {"rounds": "loop.rounds", "subset": "data.init_args.subset", "test_subset": "data.init_args.test_subset"}
 SPEC_KEYS = {"title", "base", "metric", "also", "overrides", "rows", "columns", "cell_overrides", "paper", "notes",
-             "seeds", "slurm", "baseline", "tune"}
+             "seeds", "slurm", "baseline", "tune", "curves"}
 
 
 @dataclass
@@ -78,6 +79,10 @@ def load_spec(path: Path) -> dict[str, Any]:
             check("/" not in name or part == "cell_overrides", f"{where}: {part} name {name!r} must not hold '/'")
     for m in spec_metrics(spec):
         rep.check_metric(m)
+    curves = spec.get("curves", [])
+    check(isinstance(curves, list) and all(isinstance(k, str) and k for k in curves),
+          f"{where}: `curves` must be a list of per-round keys of metrics.jsonl (e.g. [server/momentum_variance]), "
+          f"got {curves!r}")
     unknown = {f"{r}/{c}" for r, cols in (spec.get("paper") or {}).items() for c in (cols or {})}
     unknown -= {f"{r}/{c}" for r in spec["rows"] for c in spec["columns"]}
     unknown |= set(spec.get("cell_overrides") or {}) - {f"{r}/{c}" for r in spec["rows"] for c in spec["columns"]}
