@@ -37,16 +37,25 @@ def _numeric_keys(rows: list[dict[str, Any]]) -> list[str]:
                    if k != "round" and isinstance(v, (int, float)) and not isinstance(v, bool)})
 
 
-def check_curve_keys(runs: list[Path], keys: Sequence[str], where: str) -> None:
-    """Refuse (:class:`~fedlight.errors.ConfigError`) a key that no round of any of ``runs`` reports, naming the
-    per-round numeric keys of the first run."""
+def check_curve_keys(runs: list[Path], keys: Sequence[str], where: str, strict: bool = True) -> list[str]:
+    """The ``keys`` that some round of ``runs`` reports. A key that none reports is refused
+    (:class:`~fedlight.errors.ConfigError`, naming the per-round numeric keys of the first run), or with
+    ``strict=False`` left out of the figure with that line printed as a warning (``fedlight reproduce``: its runs
+    are done by then, and the table is still worth writing)."""
     if not runs or not keys:
-        return
+        return list(keys)
     curves = [read_curve(r) for r in runs]
+    kept = []
     for key in keys:
-        check(any(key in row for rows in curves for row in rows),
-              f"{where}: no round of the runs reports `{key}`; the per-round keys of {runs[0]} are "
-              f"{', '.join(_numeric_keys(curves[0])) or 'none'}")
+        found = any(key in row for rows in curves for row in rows)
+        line = (f"{where}: no round of the runs reports `{key}`; the per-round keys of {runs[0]} are "
+                f"{', '.join(_numeric_keys(curves[0])) or 'none'}")
+        check(found or not strict, line)
+        if found:
+            kept.append(key)
+        else:
+            print(f"fedlight: warning: {line} (left out of the figure; fix the spec and rerun with --table-only)")
+    return kept
 
 
 def _style(ax, label: str, values: list[float], span: float) -> None:

@@ -115,7 +115,7 @@ def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Pat
     from fedlight.run.files import atomic_write_text, git_revision
 
     runs = [path for _, path in done]
-    check_curve_keys(runs, spec.get("curves", []), f"table spec {spec_path}: `curves`")
+    keys = check_curve_keys(runs, spec.get("curves", []), f"table spec {spec_path}: `curves`", strict=False)
     revs = sorted({v for c in cs for v in c.revisions} - {"missing", "earlier"})
     borrowed = sum(c.earlier for c in cs)
     rounds = sorted({(read_summary(r) or {}).get("rounds_completed") for r in runs} - {None})
@@ -173,6 +173,5 @@ def write_table(spec: dict, spec_path: Path, cs: list, done: list[tuple[Any, Pat
     if len(figures) == 1:
         figures = {"": next(iter(figures.values()))}
     for fig, groups in figures.items():
-        plot_curves(groups, out / f"curves{'_' + fig if fig else ''}.png", f"{spec['title']} {fig}".strip(),
-                    spec.get("curves", []))
+        plot_curves(groups, out / f"curves{'_' + fig if fig else ''}.png", f"{spec['title']} {fig}".strip(), keys)
     return "\n".join(lines)
