@@ -105,7 +105,7 @@ def test_a_spec_with_curves_passes_its_keys_to_the_table_figure(tmp_path, monkey
     seen.clear()
     assert main(["reproduce", str(path), "--seeds", "2", "--out", str(out), "--table-only"]) == 0
     assert (out / "table.md").exists() and [k for _, k in seen] == [["server/momentum_variance"]]
-    assert "warning: table spec" in capsys.readouterr().out.replace("\n", " ")
+    assert "warning: table spec" in capsys.readouterr().err.replace("\n", " ")
     path.write_text(yaml.safe_dump(spec | {"curves": "server/momentum_variance"}))
     with pytest.raises(ConfigError, match="`curves` must be a list"):
         from fedlight.lab import table_spec

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,8 @@ def check_curve_keys(runs: list[Path], keys: Sequence[str], where: str, strict: 
         if found:
             kept.append(key)
         else:
-            print(f"fedlight: warning: {line} (left out of the figure; fix the spec and rerun with --table-only)")
+            print(f"fedlight: warning: {line} (left out of the figure; fix the spec and rerun with --table-only)",
+                  file=sys.stderr)
     return kept
 
 
