@@ -2,7 +2,7 @@
 limit and with its SHA-256, and on the other side check and reassemble them.
 
     python tools/data_parts.py cifar10 .gpu/staging               # the decoded CIFAR-10 as torchvision's pickles
-    python tools/data_parts.py pack .gpu/staging/cifar-10-batches-py .gpu/parts   # parts of at most 59 MiB
+    python tools/data_parts.py pack .gpu/staging/cifar-10-batches-py .gpu/parts   # parts of at most 40 MiB
     python tools/data_parts.py unpack .gpu/parts .gpu/data        # there: checks every part, then extracts
 
 ``cifar10 DEST`` writes ``DEST/cifar-10-batches-py`` (``data_batch_1..5``, ``test_batch``) from the data root's
@@ -29,9 +29,11 @@ from pathlib import Path
 
 FILTERS = [{"id": lzma.FILTER_DELTA, "dist": 1}, {"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
 CHUNK = 1 << 20
-PART_MIB = 59.0
-"""Default largest part: the decoded CIFAR-10 (123.7 MB packed) in two parts; each call then carries one part (59
-MiB), the manifest and the wheels (1 MiB) beside a checkout of ~2.5 MiB, below the 64 MiB a call may carry."""
+PART_MIB = 40.0
+"""Default largest part: the decoded CIFAR-10 (123.7 MB packed) in three parts (40, 40 and 37.9 MiB); each call then
+carries one part, the manifest and the wheels (1 MiB) beside a checkout of ~6.1 MiB (6.4 MB), 47.1 MiB at most,
+which leaves room under the 64 MiB a call may carry for one 15 MiB part of a window's unfinished runs
+(tools/resume_runs.py)."""
 
 
 class PartsError(Exception):
@@ -192,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("src", type=Path)
     k.add_argument("parts", type=Path)
     k.add_argument("--part-mib", type=float, default=PART_MIB, help=f"largest part, MiB (default {PART_MIB:g}: "
-                   "one part, the manifest, the wheels and a small checkout fit one 64 MiB transfer)")
+                   "one part, the manifest, the wheels, the checkout and a 15 MiB resume part fit one 64 MiB call)")
     r = sub.add_parser("resplit", help="cut packed parts again to another size (no recompression)")
     r.add_argument("parts", type=Path)
     r.add_argument("--part-mib", type=float, default=PART_MIB)

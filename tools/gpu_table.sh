@@ -1,22 +1,29 @@
 #!/bin/bash
-# One GPU window for a table column: FedNSAM (MM'25) Table 2, LeNet-5 on CIFAR-10 (issue 38): 9 rows x 3 seeds x
+# One GPU window for a table column: FedNSAM (MM'25) Table 2, LeNet-5 on CIFAR-10 (issue 38): 11 rows x 3 seeds x
 # 1000 rounds through `fedlight reproduce --per-gpu auto` (many runs share the card; seed 0 of every row first, then
 # seeds 1 and 2). It stops cleanly before its limit (the runs stop after their round, checkpointed), so the next
-# call on the same machine resumes them; finished runs committed under results/ are restored on a fresh machine.
+# call on the same machine resumes them; finished runs committed under results/ are restored on a fresh machine, and
+# so are the unfinished runs a window brought back (resume.tar.gz, below) and the next one carries in .gpu/resume/.
 # It leaves under $OUT: table.tar.gz (results/fednsam_table2_lenet5_cifar10/: table.md, table.csv, curves, and
 # runs/<row>/lenet5_cifar10/seed<k>/ with metrics.jsonl, summary.json, config.yaml, reproduce.json), log.txt,
-# env.txt. Untar it in the project root and commit.
+# env.txt, table_log.txt, and resume.tar.gz (or resume.tar.gz.part01.. of 15 MiB): the unfinished runs, each with its
+# latest checkpoint, furthest along first, as many as one call brings back (tools/resume_runs.py). Untar
+# table.tar.gz in the project root and commit; put the resume files in .gpu/resume/ for the next window.
 #
 #   bash tools/gpu_table.sh --prepare   HERE, once: .gpu/whl (jsonargparse & co. for the GPU machine's Python 3.12)
-#                                       and .gpu/parts (the decoded CIFAR-10 in two parts of <= 59 MiB, with SHA-256s)
-#   bash tools/gpu_table.sh [--limit S] THERE (the `run` tool, carry .gpu/whl + the manifest + one part per call):
-#                                       reassembles and checks the data once every part has come, then runs the
-#                                       table for at most S seconds in all (default 540); a call that brings a part
-#                                       but not yet the last says which are missing and exits 0
+#                                       and .gpu/parts (the decoded CIFAR-10 in three parts of <= 40 MiB, with SHA-256s)
+#   bash tools/gpu_table.sh [--limit S] THERE (the `run` tool, carry .gpu/whl + the manifest + one part per call,
+#                                       and the resume files of the last window, if any): reassembles and checks the
+#                                       data once every part has come, restores the runs of .gpu/resume, then runs
+#                                       the table for at most S seconds in all (default 540); a call that brings a
+#                                       part but not yet the last says which are missing and exits 0
 #   bash tools/gpu_table.sh --smoke     the whole path on the CPU at a tiny size (tests/test_gpu_table.py)
-# docs/reproducing_tables.md gives the exact `run` calls. Variables: PER_GPU (auto), SEEDS (3), CELLS, RESTORE_FROM, PYTHON,
-# FIT_ARGS (how the runs execute; default "--loop.save_every 25": a checkpoint every 25 rounds, and one whenever a
-# run is stopped, instead of one per round from 16 processes at once).
+# docs/reproducing_tables.md gives the exact `run` calls. Variables: PER_GPU (auto), SEEDS (3), CELLS, RESTORE_FROM,
+# RESUME_FROM (.gpu/resume), RESUME_PARTS (4), PYTHON, FIT_ARGS (how the runs execute; default "--loop.save_every 25":
+# a checkpoint every 25 rounds, and one whenever a run is stopped, instead of one per round from 16 processes at
+# once). Next window, try FIT_ARGS="--loop.save_every 25 --loop.client_parallelism vmap" (one LeNet-5 run alone:
+# 0.567 s/round stacked vs 1.823 sequential on an H200) and compare the table's rounds/s (last line of the
+# reproduce step) with the 5.43 of 2026-11-28's 16 runs on the default route.
 set -u
 MODE=gpu; LIMIT=540
 while [ $# -gt 0 ]; do
@@ -41,7 +48,7 @@ if [ $MODE = prepare ]; then
     $PY tools/data_parts.py cifar10 "$D/staging"  # the JPEG copy, decoded as fedlight decodes it
   # xz at its strongest: minutes of CPU (23 min of wall on a loaded 2-core machine); made once per checkout
   [ -f "$D/parts/cifar-10-batches-py.manifest.json" ] \
-    || $PY tools/data_parts.py pack "$D/staging/cifar-10-batches-py" "$D/parts"  # two parts of <= 59 MiB
+    || $PY tools/data_parts.py pack "$D/staging/cifar-10-batches-py" "$D/parts"  # three parts of <= 40 MiB
   ls -l "$D/whl" "$D/parts"; exit 0
 fi
 
@@ -71,7 +78,7 @@ PY
     FEDLIGHT_DATA=$D/src $PY tools/data_parts.py cifar10 "$D/staging" || exit 1
     $PY tools/data_parts.py pack "$D/staging/cifar-10-batches-py" "$D/parts" --part-mib 0.1 || exit 1
   fi
-  PER=(--jobs 2); SHRINK=(--shrink "rounds=2,subset=300,test_subset=60,loop.local_epochs=1")
+  PER=(--jobs 2); SHRINK=(--shrink "rounds=3,subset=300,test_subset=60,loop.local_epochs=1,loop.clients_per_round=3")
   CELLS=${SMOKE_CELLS:-fednsam/lenet5_cifar10,fednsam/lenet5_cifar10_to78}; SEEDS=${SMOKE_SEEDS:-1}
   TABLE=$D/runs/$NAME; RESTORE_FROM=${RESTORE_FROM:-$D/restore}  # never this checkout's committed runs
 else
@@ -107,8 +114,9 @@ for run in sorted(src.glob("*/*/seed*")) if src.is_dir() else []:
         shutil.copytree(run, to)
         print(f"restored finished run {to}")
 PY
+$PY tools/resume_runs.py restore "${RESUME_FROM:-$D/resume}" "$TABLE" || exit 1  # what the last window brought back
 el "table: cells $CELLS, $SEEDS seed(s), ${PER[*]}"
-RESERVE=45  # the table, the curves and the pack after the stop
+RESERVE=45  # the table, the curves and both packs after the stop (2026-11-28, before the resume pack: 11 s)
 BUDGET=$(( LIMIT - ($(date +%s) - T0) - RESERVE ))
 rc=1
 if [ $BUDGET -gt 10 ]; then
@@ -144,3 +152,5 @@ for run in sorted(table.glob("*/*/seed*")):  # finished runs only: an unfinished
 PY
 tar -C "$D/pack" -czf "$OUT/table.tar.gz" results || exit 1
 el "wrote $OUT/table.tar.gz ($(du -h "$OUT/table.tar.gz" | cut -f1)): $(find "$P/runs" -name summary.json 2>/dev/null | wc -l) finished runs"
+$PY tools/resume_runs.py pack "$TABLE" "$OUT" --parts "${RESUME_PARTS:-4}" || exit 1  # the unfinished ones
+el "packed"
