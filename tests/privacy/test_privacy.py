@@ -214,6 +214,36 @@ def test_cli_run_records_epsilon_refuses_bad_input_and_a_resume_must_agree(tmp_p
     assert "`privacy.clip` (C) must be > 0" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize("placement", ["central", "distributed"])
+def test_two_processes_equal_one_for_a_private_run(placement, tmp_path, monkeypatch):
+    """`--devices 2` (Fabric's ddp launcher, gloo) and 1 process give the same private run: the central noise is
+    drawn once from (seed, round) and added once to the all-reduced sum, each client's share of distributed noise
+    is drawn from (seed, round, client) wherever the client trains, and adaptive clipping's noised count is the
+    same on every process. The same global model, ε and clip after every round."""
+    import subprocess
+    import sys
+
+    from fedlight.config.cli import main
+
+    def args(n):
+        return ["fit", "--config", TINY, "--devices", str(n), "--accelerator", "cpu", "--loop.rounds", "3",
+                "--privacy.noise_multiplier", "1.0", "--privacy.clip", "0.5", "--privacy.adaptive", "true",
+                "--privacy.count_noise", "2.0", "--privacy.delta", "1e-3", "--privacy.placement", placement,
+                "--out_dir", str(tmp_path / f"d{n}")]
+
+    res = subprocess.run([sys.executable, "-m", "fedlight.config.cli", *args(2)], capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert main(args(1)) == 0
+    rows = {n: [json.loads(x) for x in (tmp_path / f"d{n}" / "metrics.jsonl").read_text().splitlines()] for n in (1, 2)}
+    for key in ("privacy/epsilon", "privacy/clip", "privacy/unclipped_fraction"):
+        assert [r[key] for r in rows[2]] == [r[key] for r in rows[1]], key
+    finals = {n: torch.load(tmp_path / f"d{n}" / "final_model.pt", weights_only=True) for n in (1, 2)}
+    for k in finals[1]:
+        torch.testing.assert_close(finals[2][k], finals[1][k], rtol=0, atol=0)
+
 class _Zeros:
     """A client rule whose upload is 40,000 zeros: what a client adds to it is its noise alone."""
 
