@@ -409,3 +409,26 @@ def test_table_header_names_each_columns_own_metric(tmp_path):
     assert head.startswith("- Metric: final test accuracy (%) (column cola: final test MCC (Matthews correlation) "
                            "(%));"), head
     assert head.count("column ") == 1
+
+
+def test_a_per_round_column_that_only_some_cells_log(tmp_path):
+    """ε as a column (the DP table: `final_privacy/epsilon` in its private cells only): a cell whose runs do not log
+    the key shows "—" (no value), the others their value; a key no finished run of the table logs is still
+    an unknown metric, one line."""
+    spec = yaml.safe_load(write_spec(tmp_path / "s.yaml").read_text()) | {"also": ["final_privacy/epsilon"]}
+    (tmp_path / "dp.yaml").write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    plain = fake_run(out / "fedavg" / "synthetic" / "seed0", [0.3, 0.4])
+    private = fake_run(out / "fedprox" / "synthetic" / "seed0", [0.2, 0.45])
+    rows = [json.loads(x) for x in (private / "metrics.jsonl").read_text().splitlines()[:2]]
+    (private / "metrics.jsonl").write_text("".join(json.dumps(r | {"privacy/epsilon": e}) + "\n"
+                                                   for r, e in zip(rows, (1.5, 2.25))))
+    assert main(["reproduce", str(tmp_path / "dp.yaml"), "--out", str(out), "--table-only"]) == 0
+    got = {(r["cell"], r["metric"]): r for r in csv.DictReader((out / "table.csv").open())}
+    assert float(got["fedprox/synthetic", "final_privacy/epsilon"]["mean"]) == 2.25
+    assert got["fedavg/synthetic", "final_privacy/epsilon"]["mean"] == "" and "| — |" in (out / "table.md").read_text()
+    assert float(got["fedavg/synthetic", "final_test_acc"]["mean"]) == pytest.approx(40.0)
+    with pytest.raises(ConfigError, match="unknown metric `final_server/momentum_variance`: no round"):
+        report.metric_value(plain, "final_server/momentum_variance")  # one run alone: strict
+    (tmp_path / "none.yaml").write_text(yaml.safe_dump(spec | {"also": ["final_server/momentum_variance"]}))
+    assert main(["reproduce", str(tmp_path / "none.yaml"), "--out", str(out), "--table-only"]) == 2

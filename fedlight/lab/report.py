@@ -144,9 +144,11 @@ def check_metric(metric: str) -> None:
               "final_/last_/var_ of a per-round key (var_train_loss:100, final_server/momentum_variance)")
 
 
-def metric_value(run: Path, metric: str) -> float | None:
+def metric_value(run: Path, metric: str, strict: bool = True) -> float | None:
     """``metric`` of a finished run: accuracies, F1 and MCC in %; rounds to a target of the run's headline metric
-    from the per-round curve (None: not reached); the rest from ``summary.json`` (or the curve)."""
+    from the per-round curve (None: not reached); the rest from ``summary.json`` (or the curve). A per-round key the
+    run does not log is an unknown metric, or with ``strict=False`` None (a table whose cells differ, e.g. ε of its
+    private cells: `fedlight reproduce` then checks that some run of the table logs it)."""
     from fedlight.run.files import rounds_to_target
 
     check_metric(metric)
@@ -158,16 +160,16 @@ def metric_value(run: Path, metric: str) -> float | None:
     key = curve_key(metric)
     v = summary.get(metric)
     if v is None and key is None and (m := ROUND_METRIC.match(metric)) is not None:
-        return round_value(read_curve(run), m.group(1), m.group(2), int(m.group(3) or 1))
+        return round_value(read_curve(run), m.group(1), m.group(2), int(m.group(3) or 1), strict)
     if v is None and key is not None:
         v = from_curve(read_curve(run), metric, key, summary)
     return None if v is None else (100 * v if key is not None and is_fraction(key) else v)
 
 
-def round_value(curve: list[dict[str, Any]], kind: str, key: str, k: int) -> float | None:
+def round_value(curve: list[dict[str, Any]], kind: str, key: str, k: int, strict: bool = True) -> float | None:
     """``final``/``last``/``var`` of a per-round key over its last ``k`` finite values (None: the run has none)."""
-    check(not curve or any(key in r for r in curve), f"unknown metric `{kind}_{key}`: no round of the run reports "
-          f"`{key}` (its metrics.jsonl has {', '.join(sorted({x for r in curve[-1:] for x in r}))})")
+    check(not strict or not curve or any(key in r for r in curve), f"unknown metric `{kind}_{key}`: no round of the "
+          f"run reports `{key}` (its metrics.jsonl has {', '.join(sorted({x for r in curve[-1:] for x in r}))})")
     vals = [float(r[key]) for r in curve if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])][-k:]
     if not vals:
         return None
@@ -229,7 +231,8 @@ def stats(metric: str, vals: list) -> dict[str, Any]:
         digits = 0 if mean is None or mean == int(mean) else 1
     elif metric not in METRICS and ROUND_METRIC.match(metric) and got:  # 3 significant digits of the smallest
         digits = max(2, 2 - math.floor(math.log10(min(abs(v) for v in got) or 1.0)))
-    text = "not run" if not done else "not reached" if not got else \
+    none = "not reached" if metric.startswith("rounds") else "—"  # e.g. ε of a non-private cell
+    text = "not run" if not done else none if not got else \
         f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
     if got and len(got) < len(done):
         text += f" ({len(got)}/{len(done)} reached)"

@@ -48,7 +48,7 @@ def collect(spec, runs: list[Run], previous: dict[tuple[str, str], tuple[list, l
         summary = rep.read_summary(r.path) if ok else None
         r.cell.diverged += ok and (summary or {}).get("diverged_at_round") is not None
         metrics = [r.cell.metric, *spec.get("also", [])]
-        vals = {m: rep.metric_value(r.path, m) if ok else "missing" for m in metrics}
+        vals = {m: rep.metric_value(r.path, m, strict=False) if ok else "missing" for m in metrics}
         rev = str(rep.revision(summary)) if ok else "missing"
         old = [(previous or {}).get((r.cell.name, m), ([], [])) for m in metrics]
         if previous and not ok and all(r.seed < len(v) and v[r.seed] != "missing" for v, _ in old):
@@ -59,6 +59,11 @@ def collect(spec, runs: list[Run], previous: dict[tuple[str, str], tuple[list, l
         for m in metrics:
             r.cell.values.setdefault(m, []).append(vals[m])
         r.cell.revisions.append(rev)
+    done = [r.path for r in runs if r.done()]
+    for m in dict.fromkeys(m for c in {r.cell.name: r.cell for r in runs}.values() for m in c.values):
+        if (k := rep.ROUND_METRIC.match(m)) is not None and done:
+            check(any(k.group(2) in row for p in done for row in rep.read_curve(p)), f"unknown metric `{m}`: no "
+                  f"round of the table's finished runs reports `{k.group(2)}`")
 
 
 # ------------------------------------------------------------------------------------------------ the command
