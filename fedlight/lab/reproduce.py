@@ -23,6 +23,7 @@ from pathlib import Path
 from fedlight.errors import check
 from fedlight.lab import report as rep
 from fedlight.lab import runner, table_report
+from fedlight.lab.report_plot import check_curve_keys
 from fedlight.lab.runner import Run
 from fedlight.lab.table_spec import base_path, cells, check_task_metrics, find_spec, load_spec, with_params
 
@@ -59,11 +60,9 @@ def collect(spec, runs: list[Run], previous: dict[tuple[str, str], tuple[list, l
         for m in metrics:
             r.cell.values.setdefault(m, []).append(vals[m])
         r.cell.revisions.append(rev)
-    done = [r.path for r in runs if r.done()]
-    for m in dict.fromkeys(m for c in {r.cell.name: r.cell for r in runs}.values() for m in c.values):
-        if (k := rep.ROUND_METRIC.match(m)) is not None and done:
-            check(any(k.group(2) in row for p in done for row in rep.read_curve(p)), f"unknown metric `{m}`: no "
-                  f"round of the table's finished runs reports `{k.group(2)}`")
+    keys = [k.group(2) for m in dict.fromkeys(m for r in runs for m in r.cell.values)
+            if (k := rep.ROUND_METRIC.match(m)) is not None]
+    check_curve_keys([r.path for r in runs if r.done()], keys, "unknown metric")  # some run of the table logs each
 
 
 # ------------------------------------------------------------------------------------------------ the command
