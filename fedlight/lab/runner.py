@@ -78,6 +78,10 @@ class Run:
     def rounds(self) -> int:
         return gpu_share.rounds_in(self.path)
 
+    def outcome(self, rc: int) -> str:
+        """What its finished process left (:func:`outcome`)."""
+        return outcome(self, rc)
+
     def execute(self, env: dict, call) -> str:
         """Run it in the local pool (``call``: :meth:`fedlight.lab.jobs.Children.call`)."""
         return run_one(self, env, call=call)
@@ -117,7 +121,7 @@ def run_one(run: Run, env: dict, call=None, mark: bool = True) -> str:
     with open(run.path / "fit.log", "a") as log:
         rc = (call or subprocess.call)([sys.executable, "-m", "fedlight.config.cli", *run.argv], stdout=log, stderr=log,
                                        env=env)
-    status = outcome(run, rc) if rc is not None else "stopped"
+    status = run.outcome(rc) if rc is not None else "stopped"
     if mark:
         jobs.mark(run.path, state=status, rc=rc)
     return status

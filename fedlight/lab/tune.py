@@ -234,11 +234,21 @@ def cmd_tune(argv: list[str]) -> int:
 
 class Worker(runner.Run):
     """A ``fedlight tune`` process as a run of the Slurm launcher (``--launcher slurm``): it takes trials from the
-    shared storage until every row's budget is spent; finished when ``OUT/tune.md`` says so."""
+    shared storage until there is none left to take. Not submitted (or, requeued, not started again) once
+    ``OUT/tune.md`` says the budget is spent; done when its process exits 0, which it does when nothing is left to
+    take, even while other workers still run their last trials (it then writes "not finished" in ``tune.md``: the
+    worker that ends last writes "budget spent")."""
 
     def finished(self) -> bool:
         return (self.path.parent.parent / "tune.md").is_file() and "budget spent" in \
             (self.path.parent.parent / "tune.md").read_text()
+
+    def outcome(self, rc: int) -> str:
+        from fedlight.run.stops import STOP_SIGNALS
+
+        if rc in {128 + int(getattr(signal, name)) for name in STOP_SIGNALS}:
+            return "stopped"
+        return "done" if rc == 0 else "failed"
 
 
 def workers(a: argparse.Namespace, spec: dict[str, Any], out: Path, url: str) -> list[Worker]:
