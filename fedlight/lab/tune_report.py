@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,8 @@ def plot(row: str, trials: list, space: dict[str, dict[str, Any]], path: Path, o
 
     fig = Figure(figsize=(4.2 * len(space), 3.4), dpi=100)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, len(space), squeeze=False)[0]
+    axes = fig.subplots(1, len(space), squeeze=False, sharey=True)[0]
+    axes[0].set_ylabel("\n".join(textwrap.wrap(rep.metric_label(objective), 34)), fontsize=9)  # one, wrapped
     for ax, (key, dist) in zip(axes, space.items()):
         for state, filled in ((optuna.trial.TrialState.COMPLETE, True), (optuna.trial.TrialState.PRUNED, False)):
             pts = [(t.params[key], t.value if filled else _last(t)) for t in trials
@@ -113,7 +115,6 @@ def plot(row: str, trials: list, space: dict[str, dict[str, Any]], path: Path, o
         if dist.get("log"):
             ax.set_xscale("log")
         ax.set_xlabel(key)
-        ax.set_ylabel(rep.metric_label(objective))
         ax.grid(alpha=0.3)
     if axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(fontsize=7)
