@@ -127,12 +127,17 @@ def run_one(run: Run, env: dict, call=None, mark: bool = True) -> str:
     return status
 
 
-def outcome(run: Run, rc: int) -> str:
-    """What a finished ``fedlight fit`` process left: done, diverged, stopped (exit 128 + signal) or failed."""
+def stopped_by_signal(rc: int) -> bool:
+    """Whether a process's exit status says a stop signal ended it after a round (exit 128 + signal)."""
     from fedlight.run.stops import STOP_SIGNALS
 
+    return rc in {128 + int(getattr(signal, name)) for name in STOP_SIGNALS}
+
+
+def outcome(run: Run, rc: int) -> str:
+    """What a finished ``fedlight fit`` process left: done, diverged, stopped (exit 128 + signal) or failed."""
     diverged = run.finished() and (rep.read_summary(run.path) or {}).get("diverged_at_round") is not None
-    if rc in {128 + int(getattr(signal, name)) for name in STOP_SIGNALS} and not run.finished():
+    if stopped_by_signal(rc) and not run.finished():
         return "stopped"
     if not run.finished() or (rc != 0 and not diverged):
         return "failed"

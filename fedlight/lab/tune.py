@@ -244,9 +244,7 @@ class Worker(runner.Run):
             (self.path.parent.parent / "tune.md").read_text()
 
     def outcome(self, rc: int) -> str:
-        from fedlight.run.stops import STOP_SIGNALS
-
-        if rc in {128 + int(getattr(signal, name)) for name in STOP_SIGNALS}:
+        if runner.stopped_by_signal(rc):
             return "stopped"
         return "done" if rc == 0 else "failed"
 
