@@ -31,7 +31,7 @@ from fedlight.privacy.record import uses_per_round
 from fedlight.privacy.settings import PrivacyConfig
 from fedlight.privacy.wrap import private
 from fedlight.run import stops, trackers
-from fedlight.run.directory import settings_hash, split_settings
+from fedlight.run.directory import settings_hash, snapshot, split_settings
 from fedlight.run.faults import fault
 from fedlight.run.record import RunRecord
 from fedlight.tasks import Task
@@ -68,6 +68,8 @@ class Plan:
     trackers: tuple[bool, list[dict[str, Any]]] = (True, [])
     """``loggers`` parsed: TensorBoard on, the other trackers (:func:`fedlight.run.trackers.parse`)."""
     privacy: PrivacyConfig | None = None
+    before: tuple | None = None
+    """``out`` as the start decision read it (:func:`fedlight.run.directory.snapshot`)."""
 
 
 def fit(
@@ -132,6 +134,7 @@ def fit(
     plan = _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, _config_text,
                  (devices, num_nodes), privacy)
     plan.trackers = trackers.parse(loggers)  # a bad entry or a missing package: exit 2 here
+    plan.before = snapshot(plan.out)  # what the start decision reads, compared again under the lock
     plan.ckpt_path, plan.ckpt, plan.clear = resumes.start(plan.out, resume, overwrite, plan.defining)
     from fedlight.config import launch
 
@@ -168,7 +171,7 @@ def _record(fabric, plan: Plan) -> RunRecord:
                        hint=recorded.lr_hint(plan.algorithm, plan.loop))
     record.tensorboard = plan.trackers[0]
     record.rotate = plan.ckpt_path is None or plan.ckpt_path.name != "prev.ckpt"  # else last.ckpt is damaged
-    launch.agree(fabric, record.acquire)
+    launch.agree(fabric, lambda: record.acquire(plan.before))
     if plan.clear == "reuse":  # said once the directory is ours (a run refused by the lock replaces nothing)
         resumes.note(f"{plan.out} holds a run that finished no round; reusing it (its files are replaced)")
     return record

@@ -16,9 +16,8 @@ from typing import Any
 
 from fedlight.errors import ConfigError
 from fedlight.run import cleanup, side_files
-from fedlight.run.directory import LOCK_NAME, check_out_dir, differences, load_resume
+from fedlight.run.directory import LOCK_NAME, RUN_FILES, check_out_dir, differences, load_resume
 from fedlight.run.files import check_metrics, load_checkpoint
-from fedlight.run.record import RUN_FILES
 
 
 def start(out: Path, resume: str | None, overwrite: bool, defining: dict[str, Any]):

@@ -37,6 +37,10 @@ EXECUTION_ONLY = ("out_dir", "resume", "overwrite", "accelerator", "devices", "n
 
 LOCK_NAME = ".fedlight.lock"
 
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "tb", "final_model.pt", "client_state",
+             "trackers.json", "csv", "wandb")
+"""What a run writes in its directory (beside it, e.g., a table's ``fit.log`` and ``job.json``)."""
+
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     """``{"loop": {"lr": 0.1}}`` → ``{"loop.lr": 0.1}`` (lists and scalars are leaves)."""
@@ -121,6 +125,25 @@ def _virtual_fs(path: Path) -> str | None:
     return f"{best[0]} ({best[1]})" if best[1] in VIRTUAL_FS else None
 
 
+def snapshot(out: Path) -> tuple[tuple[str, int, int], ...]:
+    """What a run's start decisions read in ``out``: names, sizes and modification times of the run's own files
+    (:data:`RUN_FILES`; not what a launcher writes beside them, such as ``fit.log``) and of those in ``checkpoints/``.
+    Equal before and after the lock is taken, or another run wrote there in between. A missing directory reads as an
+    empty one."""
+    entries = []
+    for folder, only in ((Path(out), RUN_FILES), (Path(out) / "checkpoints", None)):
+        try:
+            with os.scandir(folder) as it:
+                for e in it:
+                    if only is None or e.name in only:
+                        st = e.stat(follow_symlinks=False)
+                        entries.append((os.path.join(folder.name, e.name), st.st_size if e.is_file() else -1,
+                                        st.st_mtime_ns if e.is_file() else 0))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return tuple(sorted(entries))
+
+
 class RunLock:
     """An exclusive lock on a run directory for the life of a run (``flock`` on ``<out>/.fedlight.lock``).
 
@@ -133,7 +156,11 @@ class RunLock:
         self.fd: int | None = None
         self.created_dir = False
 
-    def acquire(self) -> None:
+    def acquire(self, expected: tuple | None = None) -> None:
+        """Take the lock (a second run gets one message naming the holder). ``expected``: the directory's
+        :func:`snapshot` when this run decided how to start (resume or fresh): a directory another run changed in
+        the meantime (it held the lock, wrote and let go) refuses this run, which decided on what is no longer
+        there."""
         try:
             self.created_dir = not self.path.parent.exists()
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,6 +189,11 @@ class RunLock:
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
         self.fd = fd
+        if expected is not None and snapshot(self.path.parent) != expected:
+            self.release(refused=True)
+            raise ConfigError(f"`out_dir` {self.path.parent} changed while this run was starting: another run wrote "
+                              "to it before this one took its lock; run the command again (it decides afresh: "
+                              "`--resume auto` continues that run) or choose another `--out_dir`")
 
     def _holder(self) -> str:
         try:

@@ -34,9 +34,6 @@ from fedlight.run.cleanup import clear
 from fedlight.run.console import Progress, RoundWatch
 from fedlight.run.directory import RunLock
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints", "tb", "final_model.pt", "client_state",
-             "trackers.json", "csv", "wandb")
-
 
 def strict_row(row: dict[str, Any]) -> dict[str, Any]:
     """``row`` with every non-finite float (also inside lists, e.g. ``clients``) replaced by ``null``; the keys
@@ -108,9 +105,10 @@ class RunRecord:
             faults.DRAIN.append(self.writer.wait)
 
     # ------------------------------------------------------------------------------------------ start
-    def acquire(self) -> None:
+    def acquire(self, expected: tuple | None = None) -> None:
+        """Lock the directory (global rank 0); ``expected``: see :meth:`RunLock.acquire`."""
         if self.rank0:
-            self.lock.acquire()
+            self.lock.acquire(expected)
 
     def open(self, config_text: str | None, data: Any = None, overwrite: bool = False, fresh: bool = True,
              tensorboard: bool = True, run_id: str | None = None) -> None:

@@ -142,9 +142,38 @@ def test_two_concurrent_runs_on_one_directory_exactly_one_proceeds(tmp_path):
     codes = sorted(rc for rc, _ in results)
     assert codes == [0, 2], results
     loser = next(err for rc, err in results if rc == 2)
-    assert "Traceback" not in loser and ("in use by another run" in loser or "seed is" in loser), loser
+    refusals = ("in use by another run", "seed is", "changed while")  # held; after it; it ran between check and lock
+    assert "Traceback" not in loser and any(m in loser for m in refusals), loser
     rows = [json.loads(x)["round"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("resume", ["auto", None])
+def test_a_run_that_decided_before_another_finished_there_is_refused_and_changes_nothing(tmp_path, monkeypatch, resume):
+    """The race CI met: run B reads ``out`` (no checkpoint: start fresh), run A then takes the lock, trains and lets
+    go, and only then B takes the lock. B must not start over A's run on a decision made on what is gone."""
+    from fedlight.config import resume as resumes
+
+    out = tmp_path / "run"
+    real, theirs = resumes.start, []
+
+    def start_then_another_run_finishes(*a, **kw):
+        decided = real(*a, **kw)
+        other = _cli("--out_dir", out, "--seed", 1, "--loop.rounds", 3)  # a separate process: takes and drops the lock
+        assert other.returncode == 0, other.stderr[-3000:]
+        theirs.append(tree_hash(out))
+        return decided
+
+    monkeypatch.setattr(resumes, "start", start_then_another_run_finishes)
+    res = _fit("--out_dir", out, "--seed", 2, "--loop.rounds", 3, *(["--resume", resume] if resume else []))
+    monkeypatch.setattr(resumes, "start", real)
+    _refused(res, "changed while this run was starting", f"`out_dir` {out}", "run the command again")
+    before = tree_hash(out)
+    assert before == theirs[0] and not (out / ".fedlight.lock").exists()  # A's run, byte for byte
+    assert [json.loads(x)["round"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    again = _fit("--out_dir", out, "--seed", 2, "--loop.rounds", 3, "--resume", "auto")  # decides afresh: A's run
+    _refused(again, "seed is")
+    assert tree_hash(out) == before
 
 
 def test_default_directories_differ_when_settings_differ(tmp_path):
