@@ -136,9 +136,9 @@ def snapshot(out: Path) -> tuple[tuple[str, int, int], ...]:
             with os.scandir(folder) as it:
                 for e in it:
                     if only is None or e.name in only:
-                        st = e.stat(follow_symlinks=False)
-                        entries.append((os.path.join(folder.name, e.name), st.st_size if e.is_file() else -1,
-                                        st.st_mtime_ns if e.is_file() else 0))
+                        st, file = e.stat(follow_symlinks=False), e.is_file(follow_symlinks=False)
+                        entries.append((os.path.join(folder.name, e.name), st.st_size if file else -1,
+                                        st.st_mtime_ns if file else 0))
         except (FileNotFoundError, NotADirectoryError):
             continue
     return tuple(sorted(entries))
