@@ -20,6 +20,7 @@ from torch import Tensor
 
 from fedlight.core.spec import remember_init_args
 from fedlight.data.augment import CropFlip, resize
+from fedlight.data.gather import on_device
 from fedlight.data.partition import IID, Partitioner, partition_cached
 from fedlight.errors import ConfigError, DataNotFoundError
 
@@ -201,8 +202,8 @@ class FederatedDataModule:
             self._input_shape = tuple(train_x.shape[1:])
         self._labels = train_y.numpy().astype(np.int64) if classes else None
         self._parts = [np.asarray(p, dtype=np.int64) for p in parts]
-        self._train_x, self._train_y = train_x.to(device), label_tensor(train_y).to(device)
-        self._test_x, self._test_y = test_x.to(device), label_tensor(test_y).to(device)
+        self._train_x, self._train_y = on_device(train_x, device), label_tensor(train_y).to(device)
+        self._test_x, self._test_y = on_device(test_x, device), label_tensor(test_y).to(device)
         self._client_idx = [torch.from_numpy(p).to(device) for p in self._parts]
         self._scale = self._shift = None
         if self.mean is not None and self.std is not None:
