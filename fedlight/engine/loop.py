@@ -26,6 +26,7 @@ from fedlight.core.loop_config import LoopConfig
 from fedlight.core.params import Params
 from fedlight.core.rules import Algorithm, ClientResult, RoundInfo
 from fedlight.core.sampling import assign_clients, client_fails, client_generator, sample_clients
+from fedlight.data import gather
 from fedlight.engine.aggregate import Accumulator, Reduced
 from fedlight.engine.client_store import ClientStateStore
 from fedlight.engine.local_schedule import local_schedule
@@ -234,14 +235,16 @@ class FederatedLoop:
 
     def jobs(self, plan: RoundPlan) -> list[ClientJob]:
         """One :class:`ClientJob` per client this rank trains (states are loaded here, lazily for batches)."""
-        r, out = plan.info.round, []
+        r, out, d = plan.info.round, [], self.data
         for c in plan.mine:
             K = self.num_steps(c)
             out.append(ClientJob(
                 client_id=c, broadcast=self.server.broadcast(self.state.params, plan.info, c),
-                state=self.state.store.get(c, self.device), num_steps=K, batch_sizes=self.data.batch_sizes(c, K),
-                num_samples=self.data.num_samples(c),
-                batches=lambda c=c, K=K: self.data.client_batches(c, K, client_generator(self.seed, r, c))))
+                state=self.state.store.get(c, self.device), num_steps=K, batch_sizes=d.batch_sizes(c, K),
+                num_samples=d.num_samples(c),
+                batches=lambda c=c, K=K: d.client_batches(c, K, client_generator(self.seed, r, c)),
+                source=(d, lambda c=c, K=K: gather.plan(d, c, K, client_generator(self.seed, r, c)))
+                if gather.supports(d) else None))
         return out
 
     def _collect(self, outcomes, plan: RoundPlan) -> Collected:
@@ -250,10 +253,10 @@ class FederatedLoop:
         got = Collected(acc=Accumulator(self.server.summed_extras, self.device))
         samples = (self.server.weighting or cfg.weighting) == "samples"
         stats = []
-        for out in outcomes:
+        for out, finite in self._decided(outcomes):
             fault("train", plan.info.round + 1)
             got.start = out.job.broadcast.params
-            if not bool(out.finite()):
+            if not finite:
                 if cfg.on_nonfinite == "stop":
                     raise Diverged(plan.info.round, f"client {out.client_id} produced a non-finite loss or update")
                 got.skipped.append(out.client_id)  # skip_client: its update and state change are dropped
@@ -269,6 +272,14 @@ class FederatedLoop:
         got.clients = client_entries(stats)
         got.layout = got.acc.layout()
         return got
+
+    def _decided(self, outcomes):
+        """``(outcome, finite)`` in client order, with one host sync per round for a runner that holds the round's
+        outcomes anyway (the stacked one: :attr:`ClientOutcome.finite_flag` per chunk), else one per client."""
+        window = list(outcomes) if getattr(self.runner, "holds_round", False) else None
+        for part in [window] if window is not None else ([o] for o in outcomes):
+            if part:
+                yield from zip(part, torch.stack([o.finite() for o in part]).tolist())
 
     def _exchange(self, got: Collected) -> Collected:
         """Share states, skipped clients, per-client entries, results and the sum layout across ranks."""

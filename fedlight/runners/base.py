@@ -62,6 +62,10 @@ class ClientJob:
     """``n_i``."""
     batches: Callable[[], Iterable[Any]]
     """Yields the client's ``K`` batches (seeded by (seed, round, client)); called once."""
+    source: tuple[Any, Callable[[], Any]] | None = None
+    """``(data, draw)``: the data module and ``draw()`` → the same batches as :func:`fedlight.data.gather.plan` rows
+    (instead of :attr:`batches`, never both), so a stacked chunk gathers all its clients' batches at once; ``None``:
+    only :attr:`batches`."""
 
 
 @dataclass(eq=False)
@@ -79,6 +83,8 @@ class ClientOutcome:
     """Mean training loss over the ``K`` steps (0-dim float64, on the device)."""
     delta_sqnorm: Tensor
     """``‖Δ_i‖²`` (0-dim float64), for the flatness distance and the per-client log."""
+    finite_flag: Tensor | None = None
+    """:meth:`finite`, when a stacked runner decided it for its whole chunk at once."""
 
     @property
     def client_id(self) -> int:
@@ -86,6 +92,8 @@ class ClientOutcome:
 
     def finite(self) -> Tensor:
         """0-dim bool: the loss and every entry of the upload are finite (no host sync)."""
+        if self.finite_flag is not None:
+            return self.finite_flag
         return P.is_finite(self.result.delta) & torch.isfinite(self.train_loss)
 
 

@@ -23,6 +23,7 @@ import functools
 import time
 from collections.abc import Generator, Iterator
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -31,6 +32,7 @@ from fedlight.core import precision as precisions
 from fedlight.core.params import Params
 from fedlight.core.rules import Broadcast, ClientResult, LocalUpdateRule, RoundInfo
 from fedlight.core.sampling import seed_client_torch
+from fedlight.data import gather
 from fedlight.errors import ConfigError
 from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, context, outcome, run_to_end
 from fedlight.runners.forward import StackedContext, StackedForward
@@ -45,7 +47,7 @@ from fedlight.runners.guard import (
     tree_bytes,
 )
 from fedlight.runners.sequential import SequentialRunner
-from fedlight.runners.stacking import _keys, groups, slice_tree, stack_tree
+from fedlight.runners.stacking import _keys, chunk_finite, groups, slice_tree, stack_tree
 
 __all__ = ["StackedRunner", "check_supported"]
 
@@ -83,6 +85,10 @@ class StackedRunner:
         self.sequential: SequentialRunner | None = None
         self._ran: set = set()  # shapes the current forward ran once without error
         self._compile_failed = False  # the eager forward is a fallback: its own first failure falls back too
+
+    holds_round = True
+    """:meth:`train` holds every outcome of the round before it yields the first (the loop decides finiteness of
+    the whole round with one host sync)."""
 
     @property
     def name(self) -> str:
@@ -206,20 +212,33 @@ class StackedRunner:
         lead = replace(jobs[0], broadcast=bc)
         ctx = context(s, lead, info, params, stack_tree([j.state for j in jobs], "client state"), cls=StackedContext,
                       buffers=stacked_buffers, forward=self.forward)
-        streams = [j.batches() for j in jobs]
         loss_sum = torch.zeros(C, device=s.device, dtype=torch.float64)
         with P.stacked():
             s.local.start(s.model, ctx)
-            for batches in zip(*streams):
-                batch = stack_tree(batches, "batch")
+            for batch in stacked_batches(jobs):
                 loss_sum.add_(s.local.step(s.model, batch, ctx))
                 yield
             result = s.local.finish(s.model, ctx)
-        return [self._slice(job, i, C, result, ctx, loss_sum, stacked_buffers) for i, job in enumerate(jobs)]
+        outs = [self._slice(job, i, C, result, ctx, loss_sum, stacked_buffers) for i, job in enumerate(jobs)]
+        ok = chunk_finite(result.delta, torch.stack([o.train_loss for o in outs]))
+        for i, o in enumerate(outs):
+            o.finite_flag = ok[i]
+        return outs
 
     @staticmethod
     def _slice(job, i, C, result, ctx, loss_sum, buffers) -> ClientOutcome:
-        res = ClientResult(delta=slice_tree(result.delta, i, C), extras=slice_tree(result.extras, i, C),
-                           metrics=slice_tree(result.metrics, i, C), upload_scalars=result.upload_scalars)
-        return outcome(job, res, slice_tree(ctx.metrics, i, C), loss_sum[i], slice_tree(ctx.state, i, C),
-                       slice_tree(buffers, i, C))
+        """Client ``i``'s outcome: views into the chunk's stacks (the round end reads them; the client store copies
+        what it keeps), so slicing launches no copy per client and tensor."""
+        res = ClientResult(delta=slice_tree(result.delta, i, C, False), extras=slice_tree(result.extras, i, C, False),
+                           metrics=slice_tree(result.metrics, i, C, False), upload_scalars=result.upload_scalars)
+        return outcome(job, res, slice_tree(ctx.metrics, i, C, False), loss_sum[i],
+                       slice_tree(ctx.state, i, C, False), slice_tree(buffers, i, C, False))
+
+
+def stacked_batches(jobs: list[ClientJob]) -> Iterator[Any]:
+    """The chunk's stacked batches, step by step: one gather per step (:mod:`fedlight.data.gather`) when every job
+    draws from one data module that allows it, else each client's own batches stacked (the same tensors)."""
+    src = [j.source for j in jobs]
+    if all(x is not None and x[0] is src[0][0] for x in src):
+        return gather.stacked_batches(src[0][0], [draw() for _, draw in src])
+    return (stack_tree(b, "batch") for b in zip(*(j.batches() for j in jobs)))

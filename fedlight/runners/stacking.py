@@ -30,13 +30,22 @@ def stack_tree(items: Sequence[Any], what: str) -> Any:
     return first
 
 
-def slice_tree(tree: Any, i: int, n: int) -> Any:
-    """Client ``i``'s part of a stacked tree (copies, so the stack can be freed)."""
+def slice_tree(tree: Any, i: int, n: int, copy: bool = True) -> Any:
+    """Client ``i``'s part of a stacked tree (copies, so the stack can be freed; views with ``copy=False``)."""
     if isinstance(tree, Tensor):
-        return tree[i].clone() if tree.dim() > 0 and tree.shape[0] == n else tree
+        return (tree[i].clone() if copy else tree[i]) if tree.dim() > 0 and tree.shape[0] == n else tree
     if isinstance(tree, dict):
-        return {k: slice_tree(v, i, n) for k, v in tree.items()}
+        return {k: slice_tree(v, i, n, copy) for k, v in tree.items()}
     return tree
+
+
+def chunk_finite(stacked: dict[str, Tensor], losses: Tensor) -> Tensor:
+    """``[C]`` bool: client ``c``'s loss and every entry of its slice of ``stacked`` are finite. The per-client
+    decision of :func:`fedlight.core.params.is_finite` (NaN and ±inf reach a min or max), for a chunk at once."""
+    C = losses.shape[0]
+    ends = [m for v in stacked.values() if v.numel() for m in torch.aminmax(v.reshape(C, -1), dim=1)]
+    ok = torch.isfinite(losses)
+    return ok & torch.isfinite(torch.stack(ends)).all(0) if ends else ok
 
 
 def groups(cids: Sequence[int], signature) -> list[list[int]]:
