@@ -219,20 +219,21 @@ class StackedRunner:
                 loss_sum.add_(s.local.step(s.model, batch, ctx))
                 yield
             result = s.local.finish(s.model, ctx)
-        outs = [self._slice(job, i, C, result, ctx, loss_sum, stacked_buffers) for i, job in enumerate(jobs)]
+        copy = s.fabric is not None and s.fabric.world_size > 1  # views would travel to other ranks with their stacks
+        outs = [self._slice(job, i, C, result, ctx, loss_sum, stacked_buffers, copy) for i, job in enumerate(jobs)]
         ok = chunk_finite(result.delta, torch.stack([o.train_loss for o in outs]))
         for i, o in enumerate(outs):
             o.finite_flag = ok[i]
         return outs
 
     @staticmethod
-    def _slice(job, i, C, result, ctx, loss_sum, buffers) -> ClientOutcome:
+    def _slice(job, i, C, result, ctx, loss_sum, buffers, copy=False) -> ClientOutcome:
         """Client ``i``'s outcome: views into the chunk's stacks (the round end reads them; the client store copies
-        what it keeps), so slicing launches no copy per client and tensor."""
-        res = ClientResult(delta=slice_tree(result.delta, i, C, False), extras=slice_tree(result.extras, i, C, False),
-                           metrics=slice_tree(result.metrics, i, C, False), upload_scalars=result.upload_scalars)
-        return outcome(job, res, slice_tree(ctx.metrics, i, C, False), loss_sum[i],
-                       slice_tree(ctx.state, i, C, False), slice_tree(buffers, i, C, False))
+        what it keeps), so slicing launches no copy per client and tensor; copies with ``copy``."""
+        res = ClientResult(delta=slice_tree(result.delta, i, C, copy), extras=slice_tree(result.extras, i, C, copy),
+                           metrics=slice_tree(result.metrics, i, C, copy), upload_scalars=result.upload_scalars)
+        return outcome(job, res, slice_tree(ctx.metrics, i, C, copy), loss_sum[i],
+                       slice_tree(ctx.state, i, C, copy), slice_tree(buffers, i, C, copy))
 
 
 def stacked_batches(jobs: list[ClientJob]) -> Iterator[Any]:
