@@ -32,11 +32,11 @@ resume_runs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(resume_runs)
 
 
-def smoke(tmp_path: Path, out: str, stop_when: Path | None = None, **env) -> str:
+def smoke(tmp_path: Path, out: str, stop_when: Path | None = None, args: tuple = (), **env) -> str:
     """Run the smoke; with ``stop_when``, fire its limit (SIGALRM to its ``timeout``) once that file exists."""
     env = {**os.environ, "OUT": str(tmp_path / out), "SMOKE_DIR": str(tmp_path / "smoke"), "OMP_NUM_THREADS": "1",
            "PYTHON": sys.executable, **env}
-    p = subprocess.Popen(["bash", "tools/gpu_table.sh", "--smoke"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    p = subprocess.Popen(["bash", "tools/gpu_table.sh", "--smoke", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     try:
         if stop_when is not None:
@@ -133,6 +133,20 @@ def test_gpu_table_smoke_runs_packs_and_resumes(tmp_path):
     assert "table:" not in log and not (tmp_path / "out3" / "table.tar.gz").exists()
 
     check_restore_rules(tmp_path, whole, stopped, table_dir(tmp_path))
+
+
+def test_gpu_table_first_call_benches_then_starts_only_stateful_rows_that_finish(tmp_path):
+    """The window's first call (``--bench``): the benchmark and the CUDA values of the exactness tests (none on a
+    CPU), then the plan: SCAFFOLD's 3 rounds at a measured 1000 s a round do not fit the call, so it is not started
+    (its client states could not come back); FedNSAM, stateless, runs."""
+    log = smoke(tmp_path, "out", args=("--bench",), SMOKE_CELLS="fednsam/lenet5_cifar10,scaffold/lenet5_cifar10",
+                STATEFUL_S_PER_ROUND="1000")
+    assert "bench exit 0: bench:" in log and "ratio pool         1.00 x today's pool without MPS" in log
+    assert "cuda tests exit" in log and (tmp_path / "out" / "bench.json").is_file()
+    assert "stateful first: scaffold/lenet5_cifar10" in log
+    assert "stateful rows not started: 3 rounds at 1000 s/round do not fit" in log
+    assert "fednsam/lenet5_cifar10 seed0: done" in log and "scaffold/lenet5_cifar10 seed0" not in log
+    assert not (table_dir(tmp_path) / SCAFFOLD).exists()
 
 
 def check_restore_rules(tmp_path: Path, whole: Path, stopped: Path, finished: Path) -> None:

@@ -18,6 +18,15 @@
 #                                       the table for at most S seconds in all (default 540); a call that brings a
 #                                       part but not yet the last says which are missing and exits 0
 #   bash tools/gpu_table.sh --smoke     the whole path on the CPU at a tiny size (tests/test_gpu_table.py)
+#   ... --bench                         first, the device benchmark (tools/gpu_lockstep_bench.py, <= 120 s, synthetic
+#                                       data) and the CUDA values of the exactness tests (pytest -k cuda), in
+#                                       $OUT/bench.txt, bench.json and cuda_tests.txt; then the call goes on as usual
+# The runs: the column's stateful rows (STATEFUL_ROWS, default scaffold fedgamma fedsmoo: their client states, ~0.3-0.6
+# GB a run, cannot come back) start first and only when the plan says they finish in this call: ROUNDS x
+# STATEFUL_S_PER_ROUND (seconds a round of their lockstep group, measured in an earlier window; unset: not started,
+# one line says so) within the time left. The stateless rows take the rest; what they do not finish comes back as
+# checkpoints (resume.tar.gz). With a `fedlight reproduce` that has `--lockstep` (LOCKSTEP=auto, the default on the
+# GPU; 1 forces it, 0 leaves it off), the runs of a phase train in lockstep groups.
 # docs/reproducing_tables.md gives the exact `run` calls. Variables: PER_GPU (auto), SEEDS (3), CELLS, RESTORE_FROM,
 # RESUME_FROM (.gpu/resume), RESUME_PARTS (4), PYTHON, FIT_ARGS (how the runs execute; default "--loop.save_every 25":
 # a checkpoint every 25 rounds, and one whenever a run is stopped, instead of one per round from 16 processes at
@@ -25,12 +34,12 @@
 # 0.567 s/round stacked vs 1.823 sequential on an H200) and compare the table's rounds/s (last line of the
 # reproduce step) with the 5.43 of 2026-11-28's 16 runs on the default route.
 set -u
-MODE=gpu; LIMIT=540
+MODE=gpu; LIMIT=540; BENCH=0
 while [ $# -gt 0 ]; do
   case $1 in
-    --smoke) MODE=smoke ;; --prepare) MODE=prepare ;;
+    --smoke) MODE=smoke ;; --prepare) MODE=prepare ;; --bench) BENCH=1 ;;
     --limit) LIMIT=$2; shift ;;
-    *) echo "gpu_table.sh: unknown argument $1 (--prepare, --smoke, --limit S)"; exit 2 ;;
+    *) echo "gpu_table.sh: unknown argument $1 (--prepare, --smoke, --bench, --limit S)"; exit 2 ;;
   esac; shift
 done
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
@@ -94,6 +103,14 @@ else
     git rev-parse --short HEAD; } > "$OUT/env.txt" 2>&1
   cat "$OUT/env.txt"
 fi
+if [ $BENCH = 1 ]; then  # the device benchmark and the CUDA values of the exactness tests (none run on a CPU)
+  el "bench"
+  $PY tools/gpu_lockstep_bench.py $([ $MODE = smoke ] && echo --smoke) --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
+  el "bench exit $?: $(tail -1 "$OUT/bench.txt")"; grep '^ratio' "$OUT/bench.txt"
+  timeout 150 $PY -m pytest -q -p no:cacheprovider -k cuda tests/data/test_gather.py tests/loop/test_round_end.py \
+    tests/loop/test_runners.py tests/loop/test_runner_routes.py > "$OUT/cuda_tests.txt" 2>&1
+  rc=$?; el "cuda tests exit $rc$([ $rc = 5 ] && echo ': none ran (no CUDA here)'): $(tail -1 "$OUT/cuda_tests.txt")"
+fi
 export FEDLIGHT_DATA=$D/data FEDLIGHT_CACHE=$D/cache TORCHINDUCTOR_CACHE_DIR=$D/cache/inductor
 el "data"
 $PY tools/data_parts.py unpack "$D/parts" "$D/data"; rc=$?
@@ -115,17 +132,45 @@ for run in sorted(src.glob("*/*/seed*")) if src.is_dir() else []:
         print(f"restored finished run {to}")
 PY
 $PY tools/resume_runs.py restore "${RESUME_FROM:-$D/resume}" "$TABLE" || exit 1  # what the last window brought back
-el "table: cells $CELLS, $SEEDS seed(s), ${PER[*]}"
-RESERVE=45  # the table, the curves and both packs after the stop (2026-11-28, before the resume pack: 11 s)
-BUDGET=$(( LIMIT - ($(date +%s) - T0) - RESERVE ))
-rc=1
-if [ $BUDGET -gt 10 ]; then
-  timeout -s TERM -k 40 $BUDGET $PY -m fedlight reproduce fednsam_table2 --cells "$CELLS" --seeds "$SEEDS" "${PER[@]}" \
-    "${SHRINK[@]}" --out "$TABLE" --fit-args "${FIT_ARGS:---loop.save_every 25}"
-  rc=$?; el "reproduce exit $rc$([ $rc = 124 ] || [ $rc = 143 ] && echo ': stopped at the limit; the next call resumes')"
-else
-  el "no time left for runs (limit $LIMIT s)"
+# The phases: the stateful rows' cells, then the others (exact cell names, from the spec).
+mapfile -t PHASES < <($PY - "$CELLS" "${STATEFUL_ROWS:-scaffold fedgamma fedsmoo}" <<'PY'
+import fnmatch, sys
+
+from fedlight.lab.table_spec import cells, find_spec, load_spec
+
+pats, stateful = [p.strip() for p in sys.argv[1].split(",") if p.strip()], sys.argv[2].split()
+names = [c.name for c in cells(load_spec(find_spec("fednsam_table2")))]
+chosen = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in pats)]
+print(",".join(n for n in chosen if n.split("/")[0] in stateful))
+print(",".join(n for n in chosen if n.split("/")[0] not in stateful))
+PY
+)
+LOCK=()
+if [ "${LOCKSTEP:-$([ $MODE = smoke ] && echo 0 || echo auto)}" != 0 ]; then
+  $PY -m fedlight reproduce --help 2>&1 | grep -q -- '--lockstep' && LOCK=(--lockstep) \
+    || { [ "${LOCKSTEP:-auto}" = 1 ] && { echo "LOCKSTEP=1 but this fedlight reproduce has no --lockstep"; exit 2; }; }
 fi
+ROUNDS=$([ $MODE = smoke ] && echo 3 || echo 1000)
+el "table: cells $CELLS, $SEEDS seed(s), ${PER[*]} ${LOCK[*]}; stateful first: ${PHASES[0]:-none}"
+RESERVE=45  # the table, the curves and both packs after the stop (2026-11-28, before the resume pack: 11 s)
+rc=0; RAN=0
+for phase in 0 1; do
+  cells=${PHASES[$phase]:-}; [ -n "$cells" ] || continue
+  BUDGET=$(( LIMIT - ($(date +%s) - T0) - RESERVE ))
+  SPR=${STATEFUL_S_PER_ROUND:-$([ $MODE = smoke ] && echo 0)}
+  if [ $phase = 0 ] && { [ -z "$SPR" ] || ! awk -v n=$ROUNDS -v s="$SPR" -v b=$BUDGET 'BEGIN{exit !(n*s <= b)}'; }; then
+    el "stateful rows not started: $ROUNDS rounds at ${SPR:-an unmeasured} s/round do not fit the $BUDGET s left" \
+       "(their client states cannot come back; set STATEFUL_S_PER_ROUND from a measured window)"
+    continue
+  fi
+  if [ $BUDGET -le 10 ]; then el "no time left for runs (limit $LIMIT s)"; rc=1; break; fi
+  RAN=1
+  timeout -s TERM -k 40 $BUDGET $PY -m fedlight reproduce fednsam_table2 --cells "$cells" --seeds "$SEEDS" "${PER[@]}" \
+    "${LOCK[@]}" "${SHRINK[@]}" --out "$TABLE" --fit-args "${FIT_ARGS:---loop.save_every 25}"
+  rc=$?; el "reproduce exit $rc$([ $rc = 124 ] || [ $rc = 143 ] && echo ': stopped at the limit; the next call resumes')"
+  [ $rc = 0 ] || break
+done
+[ $RAN = 1 ] || rc=1
 if [ $rc != 0 ] || [ ! -f "$TABLE/table.md" ]; then  # stopped (or a run failed): the table of what has finished
   $PY -m fedlight reproduce fednsam_table2 --cells "$CELLS" --seeds "$SEEDS" "${SHRINK[@]}" --out "$TABLE" \
     --table-only > "$OUT/table_log.txt" 2>&1
