@@ -133,9 +133,9 @@ def graphed(step: StackedStep):
     return g.replay
 
 
-def step_section(dev, M, batch, reps, compile_ok) -> dict[str, float]:
+def step_section(dev, M, batch, reps, compile_ok, routes=("eager", "graphed", "compiled")) -> dict[str, float]:
     out = {}
-    for route in ("eager", "graphed", "compiled"):
+    for route in routes:
         if route == "compiled" and not compile_ok:
             print("step  compiled: skipped (--smoke on a CPU: no inductor compile in the suite)")
             continue
@@ -223,6 +223,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every figure to this file")
     ap.add_argument("--worker", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=50)
+    ap.add_argument("--routes", default="eager,graphed,compiled", help="the stacked step's routes to time")
     a = ap.parse_args(argv)
     if a.worker is not None:
         worker(a.worker, a.batch)
@@ -237,7 +238,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     print(f"device: {torch.cuda.get_device_name(dev) if big else 'cpu (smoke)'}; torch {torch.__version__}")
     res = {"conv": conv_section(dev, (10, 30, 110, 330) if big else (2, 3), batch, 20 if big else 1)}
-    res["routes"] = step_section(dev, 330 if big else 3, batch, 10 if big else 1, compile_ok=big)
+    res["routes"] = step_section(dev, 330 if big else 3, batch, 10 if big else 1, compile_ok=big,
+                                 routes=a.routes.split(","))
     res["routes"].update(pool_section(16 if big else 2, 8.0 if big else 0.5, batch))
     base = res["routes"]["pool"]
     for route, v in res["routes"].items():
