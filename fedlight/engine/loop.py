@@ -238,12 +238,12 @@ class FederatedLoop:
         r, out, d = plan.info.round, [], self.data
         for c in plan.mine:
             K = self.num_steps(c)
+            batches = lambda c=c, K=K: d.client_batches(c, K, client_generator(self.seed, r, c))  # noqa: E731
             out.append(ClientJob(
                 client_id=c, broadcast=self.server.broadcast(self.state.params, plan.info, c),
                 state=self.state.store.get(c, self.device), num_steps=K, batch_sizes=d.batch_sizes(c, K),
-                num_samples=d.num_samples(c),
-                batches=lambda c=c, K=K: d.client_batches(c, K, client_generator(self.seed, r, c)),
-                source=(d, lambda c=c, K=K: gather.plan(d, c, K, client_generator(self.seed, r, c)))
+                num_samples=d.num_samples(c), batches=batches,
+                source=(d, lambda c=c, K=K: gather.plan(d, c, K, client_generator(self.seed, r, c)), batches)
                 if gather.supports(d) else None))
         return out
 

@@ -62,10 +62,11 @@ class ClientJob:
     """``n_i``."""
     batches: Callable[[], Iterable[Any]]
     """Yields the client's ``K`` batches (seeded by (seed, round, client)); called once."""
-    source: tuple[Any, Callable[[], Any]] | None = None
-    """``(data, draw)``: the data module and ``draw()`` → the same batches as :func:`fedlight.data.gather.plan` rows
-    (instead of :attr:`batches`, never both), so a stacked chunk gathers all its clients' batches at once; ``None``:
-    only :attr:`batches`."""
+    source: tuple[Any, Callable[[], Any], Callable] | None = None
+    """``(data, draw, batches)``: the data module, ``draw()`` → :func:`fedlight.data.gather.plan` of the same batches
+    (instead of :attr:`batches`, never both) and the :attr:`batches` it stands for, so a stacked chunk gathers all its
+    clients' batches at once (only while :attr:`batches` is still that one: a job given other batches keeps them);
+    ``None``: only :attr:`batches`."""
 
 
 @dataclass(eq=False)

@@ -240,6 +240,6 @@ def stacked_batches(jobs: list[ClientJob]) -> Iterator[Any]:
     """The chunk's stacked batches, step by step: one gather per step (:mod:`fedlight.data.gather`) when every job
     draws from one data module that allows it, else each client's own batches stacked (the same tensors)."""
     src = [j.source for j in jobs]
-    if all(x is not None and x[0] is src[0][0] for x in src):
-        return gather.stacked_batches(src[0][0], [draw() for _, draw in src])
+    if all(x is not None and x[0] is src[0][0] and x[2] is j.batches for x, j in zip(src, jobs)):
+        return gather.stacked_batches(src[0][0], [draw() for _, draw, _ in src])
     return (stack_tree(b, "batch") for b in zip(*(j.batches() for j in jobs)))

@@ -131,3 +131,18 @@ def test_a_planted_nonfinite_client_stops_as_today(monkeypatch):
         today(m)
         assert stop() == said
     assert "client 1 produced a non-finite loss or update" in said
+
+
+def test_a_job_given_other_batches_keeps_them():
+    """Code that replaces a job's ``batches`` (``dataclasses.replace``) is obeyed: the one-gather path stands only for
+    the batches the loop made."""
+    from dataclasses import replace
+
+    loop = image_loop("fedavg")
+    jobs = loop.jobs(loop.plan(0))
+    assert stacked.stacked_batches(jobs).__name__ == "stacked_batches"  # the gather's generator
+    other = [replace(j, batches=lambda j=j: j.batches()) for j in jobs]
+    got = list(stacked.stacked_batches(other))
+    want = list(stacked.stacked_batches(jobs))
+    assert len(got) == len(want) == 3 and all(torch.equal(a[0], b[0]) for a, b in zip(got, want))
+    assert stacked.stacked_batches(other).__name__ == "<genexpr>"  # each client's own batches, stacked
