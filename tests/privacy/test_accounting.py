@@ -238,3 +238,17 @@ def test_summary_and_console_name_the_convention(tmp_path, capsys):
     assert summary["epsilon"] == pytest.approx(reference([(sigma, 2)], 6, 4, 1e-3, "poisson", "add_remove", "pld"),
                                                rel=1e-9)
     assert summary["epsilon"] == pytest.approx(8.0, abs=2e-3)
+
+
+def test_poisson_sampling_is_a_loop_option_without_privacy():
+    """q = 1/4 over 4 clients: the rounds train the seeded Poisson sample (round 1: nobody, and the model stays as it
+    was; round 6: two clients), whatever the rule."""
+    loop = make_loop(fedlight.create("fedavg"), image_clients(), tiny_cnn(), rounds=6, clients_per_round=1,
+                     local_steps=2, lr=0.05, precision="32-true", batch_size=4, sampling="poisson")
+    x0 = {k: v.clone() for k, v in loop.x.items()}
+    for r in range(6):
+        assert list(loop.plan(r).info.sampled) == poisson_clients(4, 0.25, 0, r)
+        loop.run_round(r)
+        if r == 0:
+            assert all(torch.equal(loop.x[k], x0[k]) for k in x0)  # an empty round leaves the model as it was
+    assert loop.state.rounds_done == 6 and not all(torch.equal(loop.x[k], x0[k]) for k in x0)
