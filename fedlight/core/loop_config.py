@@ -91,11 +91,9 @@ class LoopConfig:
     rounds: int = 100
     """Communication rounds R."""
     clients_per_round: int = 10
-    """Clients sampled each round (S), without replacement, seeded by (seed, round); under ``sampling: poisson``
-    the expected number."""
+    """Clients sampled each round (S), seeded by (seed, round); under ``sampling: poisson`` the expected number."""
     sampling: Literal["fixed", "poisson"] = "fixed"
-    """``fixed``: ``clients_per_round`` clients uniformly without replacement; ``poisson``: each client independently
-    with probability ``q = clients_per_round / N`` (a round may have any number of clients, none included)."""
+    """fixed: S of N without replacement; poisson: each client with probability S/N (any number, none included)."""
     local_epochs: int | None = None
     """Local epochs E: K = E·⌈n_i/B⌉ steps. Exactly one of local_epochs / local_steps is set (default E = 1)."""
     local_steps: int | None = None
