@@ -35,6 +35,8 @@ integer ones around it), three times faster than dp-accounting's default list an
 1,000 clients, 100 a round, σ 0.7-10, 30-300 rounds (measured against the default)."""
 SIGMA_MAX = 1e4
 """The largest σ calibration searches (beyond it, no useful model trains)."""
+SIGMA_MIN = 0.05
+"""The smallest σ calibration searches (below it the accountants' grids explode; ε there is in the hundreds)."""
 SAMPLINGS, RELATIONS, ACCOUNTANTS = ("fixed", "poisson"), ("replace_one", "add_remove"), ("rdp", "pld")
 SUPPORTED = {("fixed", "replace_one", "rdp"), ("poisson", "add_remove", "rdp"), ("poisson", "add_remove", "pld"),
              ("poisson", "replace_one", "pld")}
@@ -118,9 +120,25 @@ class Convention:
                               f"gives more over {rounds} more rounds at δ = {delta:g}; raise the target or δ, or "
                               "train fewer rounds")
         before = [self.event(g, n) for g, n in spent if n > 0]
-        interval = dp.mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0)
+        lo, hi = self._bracket(target, delta, rounds, spent)
+        if lo == hi:
+            return lo
+        interval = dp.mechanism_calibration.ExplicitBracketInterval(lo, hi)
         make = lambda s: dp.ComposedDpEvent([*before, self.event(s, rounds)])  # noqa: E731
         return float(dp.calibrate_dp_mechanism(self.fresh, make, target, delta, interval, tol=1e-4))
+
+    def _bracket(self, target: float, delta: float, rounds: int, spent: History) -> tuple[float, float]:
+        """σ_lo < σ_hi with ε(σ_lo) > target ≥ ε(σ_hi), by doubling from 1 (never below :data:`SIGMA_MIN`, where
+        PLD's grid of privacy losses would not fit in memory: a target reached there gets ``SIGMA_MIN``)."""
+        eps = lambda s: self.epsilon((*spent, (s, rounds)), delta)  # noqa: E731
+        s = 1.0
+        if eps(s) > target:
+            while eps(2 * s) > target:
+                s *= 2
+            return s, min(2 * s, SIGMA_MAX)
+        while s / 2 >= SIGMA_MIN and eps(s / 2) <= target:
+            s /= 2
+        return (s, s) if s / 2 < SIGMA_MIN else (s / 2, s)
 
     def describe(self) -> dict[str, Any]:
         """What summary.json records of the convention."""

@@ -123,7 +123,7 @@ class PrivateServer(ServerWrapper):
             return accountant.gaussian_epsilon(self.sigma, cfg.delta, relation=self.conv.relation)
         return self.conv.epsilon(tuple((g, int(n)) for g, n in self.history), cfg.delta)
 
-    def label(self) -> str:
+    def convention_label(self) -> str:
         """Which ε this is: level, accountant, sampling and relation (console, trackers)."""
         return f"{self.cfg.level} level, {self.conv.label()}, δ = {self.cfg.delta:g}"
 
@@ -141,7 +141,7 @@ class PrivateServer(ServerWrapper):
                 "noise_multipliers": [list(h) for h in self.history], "clip": self.bound.value,
                 "clip_start": cfg.clip, "adaptive": cfg.adaptive, "sampling_rate": self.m / self.N,
                 "clients_per_round": self.m, "num_clients": self.N, "rounds": self.rounds,
-                "denominator": cfg.denominator, "epsilon_convention": self.label(), **self.conv.describe()}
+                "denominator": cfg.denominator, "epsilon_convention": self.convention_label(), **self.conv.describe()}
 
     def state_dict(self) -> dict[str, Any]:
         return {"inner": self.inner.state_dict(), "clip": self.bound.value, "rounds": self.rounds,
