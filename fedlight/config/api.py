@@ -29,7 +29,7 @@ from fedlight.errors import ConfigError, check
 from fedlight.privacy import settings as privacy_settings
 from fedlight.privacy.record import uses_per_round
 from fedlight.privacy.settings import PrivacyConfig
-from fedlight.privacy.wrap import private
+from fedlight.privacy.wrap import check_model, private
 from fedlight.run import stops, trackers
 from fedlight.run.directory import settings_hash, snapshot, split_settings
 from fedlight.run.faults import fault
@@ -212,11 +212,14 @@ def _plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, t
     _check_args(algorithm, data, loop, *world)
     accelerator, precision = _resolve_device(accelerator, precision, algorithm)
     if privacy is not None:
-        privacy_settings.validate(privacy)  # bad values: one line, before anything is built
+        privacy_settings.validate(privacy, sampling=loop.sampling)  # bad values: one line, before anything is built
     model, text = _model_and_config(model, data, algorithm, task, loop, seed, precision, text, privacy)
     defining, execution = split_settings(recorded.settings(text, precision))
     if defining.get("privacy", 0) is None:  # a run without privacy keeps the directory name it had before the key
         del defining["privacy"]
+    for key in ("loop.sampling", "privacy.relation"):  # at their defaults: the names runs had before the keys
+        if defining.get(key, 0) in ("fixed", None):
+            defining.pop(key, None)
     defining = recorded.resolve_clip(defining, is_lightning_module(model))
     name = f"{recorded.default_name(algorithm, model, data, seed)}-{settings_hash(defining)}"
     return Plan(model=model, data=data, algorithm=algorithm, task=task, loop=loop, seed=seed, accelerator=accelerator,
@@ -306,8 +309,9 @@ def _prepare(fabric, plan: Plan, record: RunRecord):
     algorithm = plan.algorithm
     if plan.privacy is not None:  # after data.setup: N is known; σ calibrated (and printed) here, before round 1
         uses = uses_per_round(data, plan.loop) if plan.privacy.level == "record" else 1
+        check_model(plan.model, plan.privacy, plan.precision, plan.loop.aggregate_buffers)
         algorithm = private(algorithm, plan.privacy, plan.seed, data.num_clients, plan.loop.clients_per_round,
-                            plan.loop.rounds, uses)
+                            plan.loop.rounds, uses, plan.loop.sampling)
     return FitDriver.prepare(fabric, plan.model, data, algorithm, plan.loop, plan.seed, plan.out, plan.task,
                              record, resume=None if plan.ckpt is None else (plan.ckpt, plan.ckpt_path),
                              settings=plan.defining, execution=plan.execution)

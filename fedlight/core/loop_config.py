@@ -91,7 +91,9 @@ class LoopConfig:
     rounds: int = 100
     """Communication rounds R."""
     clients_per_round: int = 10
-    """Clients sampled each round (S), without replacement, seeded by (seed, round)."""
+    """Clients sampled each round (S), seeded by (seed, round); under ``sampling: poisson`` the expected number."""
+    sampling: Literal["fixed", "poisson"] = "fixed"
+    """fixed: S of N without replacement; poisson: each client with probability S/N (any number, none included)."""
     local_epochs: int | None = None
     """Local epochs E: K = E·⌈n_i/B⌉ steps. Exactly one of local_epochs / local_steps is set (default E = 1)."""
     local_steps: int | None = None
@@ -229,6 +231,7 @@ class LoopConfig:
         check(self.vmap_chunk in (None, "auto") or (type(self.vmap_chunk) is int and self.vmap_chunk > 0),
               f"`loop.vmap_chunk` must be a positive integer, auto or null, got {self.vmap_chunk!r}")
         _check_compile(self.compile)
+        check(self.sampling in ("fixed", "poisson"), f"`loop.sampling` must be fixed or poisson, got {self.sampling!r}")
         check(0 <= self.client_dropout < 1, f"`loop.client_dropout` must be in [0, 1), got {self.client_dropout}")
         check(all(isinstance(t, (int, float)) and math.isfinite(t) for t in self.targets),
               f"`loop.targets` must be numbers (values of the headline test metric), got {self.targets}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_SAMPLE, _DATA, _TORCH, _DROPOUT = 0, 1, 2, 3
+_SAMPLE, _DATA, _TORCH, _DROPOUT, _POISSON = 0, 1, 2, 3, 4
 
 
 def derive_seed(*keys: int) -> int:
@@ -18,6 +18,21 @@ def sample_clients(num_clients: int, k: int, seed: int, round: int) -> list[int]
     """``S_r``: ``k`` distinct client ids, sorted, a pure function of (seed, round)."""
     rng = np.random.default_rng(derive_seed(seed, round, _SAMPLE))
     return sorted(int(i) for i in rng.choice(num_clients, size=k, replace=False))
+
+
+def poisson_clients(num_clients: int, rate: float, seed: int, round: int) -> list[int]:
+    """``S_r`` under Poisson sampling: each client independently with probability ``rate`` (sorted ids, possibly
+    none), a pure function of (seed, round)."""
+    rng = np.random.default_rng(derive_seed(seed, round, _POISSON))
+    return [int(i) for i in np.flatnonzero(rng.random(num_clients) < rate)]
+
+
+def round_clients(num_clients: int, per_round: int, seed: int, round: int, sampling: str = "fixed") -> list[int]:
+    """``S_r`` of ``loop.sampling``: ``per_round`` clients (``fixed``), or each with probability
+    ``per_round / num_clients`` (``poisson``)."""
+    if sampling == "poisson":
+        return poisson_clients(num_clients, per_round / num_clients, seed, round)
+    return sample_clients(num_clients, per_round, seed, round)
 
 
 def client_fails(seed: int, round: int, client_id: int, p: float) -> bool:

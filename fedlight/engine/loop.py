@@ -25,7 +25,7 @@ from fedlight.core import params as P
 from fedlight.core.loop_config import LoopConfig
 from fedlight.core.params import Params
 from fedlight.core.rules import Algorithm, ClientResult, RoundInfo
-from fedlight.core.sampling import assign_clients, client_fails, client_generator, sample_clients
+from fedlight.core.sampling import assign_clients, client_fails, client_generator, round_clients
 from fedlight.data import gather
 from fedlight.engine.aggregate import Accumulator, Reduced
 from fedlight.engine.client_store import ClientStateStore
@@ -223,11 +223,11 @@ class FederatedLoop:
 
     def plan(self, r: int) -> RoundPlan:
         cfg = self.cfg
-        sampled = sample_clients(self.data.num_clients, cfg.clients_per_round, self.seed, r)
+        sampled = round_clients(self.data.num_clients, cfg.clients_per_round, self.seed, r, cfg.sampling)
         dropped = [c for c in sampled if client_fails(self.seed, r, c, cfg.client_dropout)]
         active = [c for c in sampled if c not in dropped]
         steps = {c: self.num_steps(c) for c in sampled}
-        info = RoundInfo(round=r, lr=self.round_lr(r), num_steps=sum(steps.values()) / len(steps),
+        info = RoundInfo(round=r, lr=self.round_lr(r), num_steps=sum(steps.values()) / max(len(steps), 1),
                          num_clients=self.data.num_clients, sampled=sampled)
         ws, rank = self.fabric.world_size, self.fabric.global_rank
         mine = assign_clients(active, [float(steps[c]) for c in active], ws)[rank]

@@ -5,16 +5,17 @@ A defining setting: it is part of the run directory's hash and a resume must agr
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
 from fedlight.errors import check
+from fedlight.privacy.accountant import ACCOUNTANTS, RELATIONS, why_not
 
 LEVELS = ("client", "local", "record")
 MECHANISMS = ("gaussian", "laplace")
 PLACEMENTS = ("central", "distributed")
 DENOMINATORS = ("fixed", "actual")
-ACCOUNTANTS = ("rdp",)
 
 
 @dataclass
@@ -56,11 +57,17 @@ class PrivacyConfig:
     """``σ_b``: the noise std of the clipped-client count (adaptive clipping); ``None``: ``m/20`` as the paper
     recommends."""
     accountant: str = "rdp"
-    """``rdp``: dp-accounting's RDP accountant, for the fixed-size sampling without replacement the loop does."""
+    """``rdp`` or ``pld``: dp-accounting's RDP or PLD accountant (PLD: Poisson sampling only, ``loop.sampling:
+    poisson``)."""
+    relation: str | None = None
+    """The neighbouring relation the (ε, δ) guarantee is under: ``replace_one`` (one client's data replaced by
+    another's; N public) or ``add_remove`` (one client added or removed; Poisson sampling only). ``None``: replace-one
+    for fixed-size sampling, add/remove for Poisson."""
 
 
-def validate(cfg: PrivacyConfig, num_clients: int | None = None) -> None:
-    """Refuse bad settings in one line each (exit 2, before round 1); warn on a δ above 1/N."""
+def validate(cfg: PrivacyConfig, num_clients: int | None = None, sampling: str | None = None) -> None:
+    """Refuse bad settings in one line each (exit 2, before round 1); warn on a δ above 1/N. ``sampling``: the
+    loop's (``loop.sampling``), checked against the relation and accountant when given."""
     check(cfg.level in LEVELS, f"`privacy.level` must be one of {', '.join(LEVELS)}, got {cfg.level!r}")
     check(cfg.mechanism in MECHANISMS, f"`privacy.mechanism` must be one of {', '.join(MECHANISMS)}, got "
           f"{cfg.mechanism!r}")
@@ -72,6 +79,9 @@ def validate(cfg: PrivacyConfig, num_clients: int | None = None) -> None:
           f"{cfg.denominator!r}")
     check(cfg.accountant in ACCOUNTANTS, f"`privacy.accountant` must be one of {', '.join(ACCOUNTANTS)}, got "
           f"{cfg.accountant!r}")
+    check(cfg.relation is None or cfg.relation in RELATIONS, f"`privacy.relation` must be one of "
+          f"{', '.join(RELATIONS)} or null, got {cfg.relation!r}")
+    _numbers(cfg)
     check(cfg.clip > 0, f"`privacy.clip` (C) must be > 0, got {cfg.clip}")
     check(0 < cfg.delta < 1, f"`privacy.delta` (δ) must be in (0, 1), got {cfg.delta}")
     check(cfg.noise_multiplier is None or cfg.noise_multiplier >= 0,
@@ -81,13 +91,45 @@ def validate(cfg: PrivacyConfig, num_clients: int | None = None) -> None:
     check(cfg.target_epsilon is None or cfg.target_epsilon > 0,
           f"`privacy.target_epsilon` must be > 0, got {cfg.target_epsilon}")
     check(cfg.target_epsilon is None or cfg.level == "client", "`privacy.target_epsilon` calibrates client-level "
-          "DP; for `privacy.level: local` give `privacy.noise_multiplier`")
+          f"DP; for `privacy.level: {cfg.level}` give `privacy.noise_multiplier`")
     check(not cfg.adaptive or cfg.level == "client", "`privacy.adaptive: true` is client-level DP's adaptive "
           "clipping; set `privacy.level: client`")
     check(0 < cfg.target_quantile < 1, f"`privacy.target_quantile` (γ) must be in (0, 1), got {cfg.target_quantile}")
     check(cfg.clip_lr > 0, f"`privacy.clip_lr` (η_C) must be > 0, got {cfg.clip_lr}")
     check(cfg.count_noise is None or cfg.count_noise > 0,
           f"`privacy.count_noise` (σ_b) must be > 0, got {cfg.count_noise}")
+    if sampling is not None:
+        _convention(cfg, sampling)
     if num_clients is not None and cfg.delta > 1 / num_clients:
         warnings.warn(f"`privacy.delta` ({cfg.delta:g}) is above 1/(number of clients) = {1 / num_clients:g}: "
                       "such a δ allows releasing a client's data outright; choose δ < 1/N", stacklevel=2)
+
+
+def _numbers(cfg: PrivacyConfig) -> None:
+    """Every number given is finite (NaN passes every comparison; ∞ is no noise multiplier or clip)."""
+    for key in ("noise_multiplier", "clip", "delta", "target_epsilon", "target_quantile", "clip_lr", "count_noise"):
+        v = getattr(cfg, key)
+        check(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)),
+              f"`privacy.{key}` must be a finite number, got {v!r}")
+
+
+def relation(cfg: PrivacyConfig, sampling: str) -> str:
+    """The neighbouring relation of the run: as set, else the sampling's own (:func:`accountant.default_relation`)."""
+    from fedlight.privacy.accountant import default_relation
+
+    return cfg.relation if cfg.relation is not None else default_relation(sampling)
+
+
+def _convention(cfg: PrivacyConfig, sampling: str) -> None:
+    """Refuse a (sampling, relation, accountant) the accountant cannot account (client level), and what Poisson
+    sampling makes private: the number of clients that took part."""
+    if cfg.level == "client":
+        why = why_not(sampling, relation(cfg, sampling), cfg.accountant)
+        check(why is None, why or "")
+        check(sampling == "fixed" or cfg.denominator == "fixed", "`privacy.denominator: actual` divides by how many "
+              "clients took part, which Poisson sampling makes private; use `privacy.denominator: fixed`")
+        check(sampling == "fixed" or cfg.placement == "central", "`privacy.placement: distributed` with Poisson "
+              "sampling: the noise on the sum would depend on how many clients took part; use `placement: central`")
+    else:
+        check(cfg.accountant == "rdp", f"`privacy.accountant: {cfg.accountant}` is for client-level DP; "
+              f"`privacy.level: {cfg.level}` is accounted by RDP")

@@ -309,7 +309,9 @@ def run_tags(algorithm, model, data, seed: int, out: Path) -> dict[str, Any]:
 
     return {"algorithm": getattr(algorithm, "name", type(algorithm).__name__), "model": type(model).__name__,
             "data": type(data).__name__, "seed": seed, "fedlight_version": fedlight.__version__,
-            "git_revision": git_revision(), "run_dir": str(Path(out).resolve())}
+            "git_revision": git_revision(), "run_dir": str(Path(out).resolve()),
+            **({"privacy": algorithm.server.convention_label()}  # which ε: level, accountant, sampling, relation
+               if hasattr(getattr(algorithm, "server", None), "convention_label") else {})}
 
 
 def _beside(sqlite_uri: str) -> str:

@@ -215,12 +215,15 @@ def test_cli_run_records_epsilon_refuses_bad_input_and_a_resume_must_agree(tmp_p
 
 
 
-@pytest.mark.parametrize("placement", ["central", "distributed"])
-def test_two_processes_equal_one_for_a_private_run(placement, tmp_path, monkeypatch):
+@pytest.mark.parametrize("placement, extra", [
+    ("central", []), ("distributed", []),
+    ("central", ["--loop.sampling", "poisson", "--privacy.accountant", "pld", "--privacy.relation", "replace_one"])])
+def test_two_processes_equal_one_for_a_private_run(placement, extra, tmp_path, monkeypatch):
     """`--devices 2` (Fabric's ddp launcher, gloo) and 1 process give the same private run: the central noise is
     drawn once from (seed, round) and added once to the all-reduced sum, each client's share of distributed noise
     is drawn from (seed, round, client) wherever the client trains, and adaptive clipping's noised count is the
-    same on every process. The same global model, ε and clip after every round."""
+    same on every process; Poisson sampling (PLD, replace-one) draws the same clients on every process. The same
+    global model, ε and clip after every round."""
     import subprocess
     import sys
 
@@ -229,7 +232,7 @@ def test_two_processes_equal_one_for_a_private_run(placement, tmp_path, monkeypa
     def args(n):
         return ["fit", "--config", TINY, "--devices", str(n), "--accelerator", "cpu", "--loop.rounds", "3",
                 "--privacy.noise_multiplier", "1.0", "--privacy.clip", "0.5", "--privacy.adaptive", "true",
-                "--privacy.count_noise", "2.0", "--privacy.delta", "1e-3", "--privacy.placement", placement,
+                "--privacy.count_noise", "2.0", "--privacy.delta", "1e-3", "--privacy.placement", placement, *extra,
                 "--out_dir", str(tmp_path / f"d{n}")]
 
     res = subprocess.run([sys.executable, "-m", "fedlight.config.cli", *args(2)], capture_output=True, text=True,
