@@ -10,7 +10,8 @@ where the run is), ``hold`` (wait there once, up to 60 s, until the test removes
 read-only, and lets the run go on).
 
 ``write:<file name>:<ERRNO>[:<n>]`` — the ``n``-th write (default the first) to a file of that name (``last.ckpt``,
-``final_model.pt``, ``summary.json``, ``config.yaml``, ``metrics.jsonl``, ``table.md``, ...) fails with that errno
+``final_model.pt``, ``summary.json``, ``config.yaml``, ``metrics.jsonl``, ``table.md``, ``.fedlight.lock``: its
+removal, ...) fails with that errno
 (``ENOSPC``, ``EDQUOT``, ``EROFS``, ``EIO``), exactly where a real disk would fail it; ``KILL`` SIGKILLs the
 process there instead (TensorBoard's event file is named ``tfevents``; its error is raised inside TensorBoard's own
 writer thread, :class:`FaultyFile`).

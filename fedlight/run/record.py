@@ -246,8 +246,23 @@ class RunRecord:
                 self.logger.close()
             self.logger = None
 
-    def close(self, refused: bool = False) -> None:
-        """Release everything; safe to call twice and after a failure."""
+    def close(self, refused: bool = False, failing: bool = False) -> None:
+        """Release everything; safe to call twice and after a failure. A failed write here (TensorBoard's last
+        flush, removing the lock file) is one :class:`~fedlight.run.stops.RunDirError` (exit 74) naming the file and
+        the last checkpoint; ``failing``: the run already fails with its own error, which stays the one reported."""
+        from fedlight.run.stops import RunDirError, last_checkpoint
+
+        try:
+            self._close(refused)
+        except (OSError, RunDirError) as e:  # TensorBoard's last flush, or the lock file's removal
+            if failing:
+                return
+            if isinstance(e, RunDirError):
+                raise RunDirError(f"{e} {last_checkpoint(self)}") from None
+            raise RunDirError(f"cannot write {e.filename or self.out}: {e.strerror or e}. Fix the folder (the lock "
+                              f"file left there is taken over by the next run). {last_checkpoint(self)}") from None
+
+    def _close(self, refused: bool) -> None:
         self.progress.close()
         if self.writer is not None:
             if self.writer.wait in faults.DRAIN:
