@@ -296,3 +296,30 @@ def test_a_lock_file_that_cannot_be_removed_is_exit_74_naming_it(tmp_path, monke
         f"{out / 'checkpoints' / 'last.ckpt'} (round 2).")
     monkeypatch.delenv("FEDLIGHT_FAULT")
     assert _fit("--out_dir", out, "--loop.rounds", 3, "--resume", "auto").returncode == 0  # the lock taken over
+
+
+@pytest.mark.parametrize("flags", [["--resume", "auto"], ["--overwrite", "true", "--resume", "auto"],
+                                   ["--overwrite", "true"], []])
+def test_a_users_per_round_log_is_never_deleted(tmp_path, flags):
+    """Issue 60: another tool's metrics.jsonl (first line a JSON object with a `round` key) was deleted, exit 0."""
+    out = tmp_path / "app"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"round": 1, "reward": 0.5}\n{"round": 2, "reward": 0.7}\n')
+    before = tree_hash(out)
+    res = _fit("--out_dir", out, "--loop.rounds", 1, *flags)
+    _refused(res, f"`out_dir` {out} holds a file named like fedlight's that fedlight did not write: metrics.jsonl (its "
+                  "content is not what fedlight writes); move it away or choose another `--out_dir`")
+    assert len([ln for ln in res.stderr.splitlines() if "error" in ln]) == 1, res.stderr
+    assert tree_hash(out) == before and sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
+
+
+def test_a_run_without_its_config_still_owns_its_metrics(tmp_path, done_run):
+    """The proof without config.yaml: the row an intact checkpoint carries; `--overwrite` clears the run."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(done_run, out)
+    (out / "config.yaml").unlink()
+    res = _fit("--out_dir", out, "--loop.rounds", 1, "--overwrite", "true")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [json.loads(ln)["round"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [1]
