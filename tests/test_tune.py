@@ -259,3 +259,80 @@ def _tune_with(tmp_path, monkeypatch, capsys, change, extra=()):
 ])
 def test_bad_input_is_one_line_before_any_trial(tmp_path, monkeypatch, capsys, change, extra, says):
     assert says in _tune_with(tmp_path, monkeypatch, capsys, change, extra)
+
+
+# ------------------------------------------------------------------------------------------------ restarts, recipes,
+# read-only commands (issue 60): the studies alone, no trial run
+def _job(tmp: Path, spec: dict, create: bool = True):
+    from fedlight.lab import tune as tune_cmd
+    from fedlight.lab import tune_space
+    from fedlight.lab.table_spec import load_spec
+
+    path = tmp / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    loaded = load_spec(path)
+    tune = tune_space.parse(loaded, "spec")
+    return tune_cmd.Job(loaded, path, tune, tmp / "out", f"sqlite:///{tmp / 'out' / 'study.db'}", "spec",
+                        ["fedavg"], None, [], **({} if create else {"create": False}))
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    return tmp_path
+
+
+RANDOM = {**SPEC, "tune": {**SPEC["tune"], "trials": 3, "sampler": {"name": "random", "seed": 0},
+                           "pruner": "none", "space": {"*": {"loop.lr": {"low": 0.001, "high": 0.3, "log": True}}}}}
+
+
+def _lrs(tmp: Path, restart: bool) -> list[float]:
+    job, lrs = None, []
+    for k in range(3):
+        job = _job(tmp, RANDOM) if restart or job is None else job  # a restart: a new process, its sampler afresh
+        trial = job.next()
+        lrs.append(trial.trial.params["loop.lr"])
+        job.tell(trial, float(k), optuna.trial.TrialState.COMPLETE)
+    return lrs
+
+
+def test_a_restarted_study_draws_what_an_uninterrupted_one_draws(tmp_path, monkeypatch):
+    """A restart re-seeded the sampler: its first trial repeated trial 0's values (a run repeated bit for bit)."""
+    runs = []
+    for restart in (False, True):
+        tmp = tmp_path / str(restart)
+        tmp.mkdir()
+        monkeypatch.chdir(tmp)
+        (tmp / "recipes").symlink_to(ROOT / "recipes")
+        runs.append(_lrs(tmp, restart))
+    assert len(set(runs[1])) == 3 and runs[1] == runs[0]
+
+
+def test_an_edited_base_recipe_is_refused_naming_the_setting(here):
+    from fedlight.errors import ConfigError
+
+    _job(here, SPEC)
+    base = yaml.safe_load((ROOT / "recipes" / "quickstart.yaml").read_text())
+    base["loop"]["weight_decay"] = 0.001
+    (here / "base.yaml").write_text(yaml.safe_dump(base))
+    with pytest.raises(ConfigError, match=r"`recipe.loop.weight_decay` is 0.0 in the study and 0.001 now"):
+        _job(here, {**SPEC, "base": "base.yaml"})
+    _job(here, {**SPEC, "tune": {**SPEC["tune"], "trials": 5}})  # the same recipe: the budget may grow
+
+
+def test_report_only_writes_nothing_and_refuses_an_unknown_study(here, capsys):
+    (here / "spec.yaml").write_text(yaml.safe_dump(SPEC))
+    assert main(["tune", "spec.yaml", "--out", "out", "--report-only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no study storage there" in err and not (here / "out").exists(), err
+    _job(here, SPEC)  # a study of spec.yaml, then its report under another file name of the same spec
+    (here / "same.yaml").write_text(yaml.safe_dump(SPEC))
+    before = {p.name: p.read_bytes() for p in (here / "out").iterdir()}
+    assert main(["tune", "same.yaml", "--out", "out", "--report-only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the storage has no study 'same/fedavg' (it has spec/fedavg)" in err, err
+    assert {p.name: p.read_bytes() for p in (here / "out").iterdir()} == before
+    assert optuna.get_all_study_names(f"sqlite:///{here / 'out' / 'study.db'}") == ["spec/fedavg"]
+    assert main(["reproduce", "spec.yaml", "--tuned", f"sqlite:///{here / 'none.db'}", "--dry-run"]) == 2
+    assert "no study storage there" in capsys.readouterr().err and not (here / "none.db").exists()
