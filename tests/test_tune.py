@@ -36,7 +36,7 @@ SPEC = {
     "overrides": {"loop.local_steps": 20, "data.init_args.num_clients": 10, "loop.clients_per_round": 2},
     "rows": {"fedavg": {"algorithm": {"class_path": "fedlight.algorithms.FedAvg"}}},
     "tune": {"trials": 4, "rounds": ROUNDS, "objective": "best_test_acc", "sampler": {"name": "grid", "seed": 0},
-             "pruner": {"name": "median", "n_startup_trials": 1, "n_warmup_steps": 1},
+             "pruner": {"name": "median", "n_startup_trials": 1, "n_warmup_steps": 2},
              "space": {"*": {"loop.lr": {"choices": GRID}}}},
 }
 
@@ -97,9 +97,9 @@ def _env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
 
 
-def _cli(args: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CLI, *args], cwd=cwd, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+def _cli(args: list[str], cwd: Path, **env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CLI, *args], cwd=cwd, env={**_env(), **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _rows(run: Path) -> list[int]:
@@ -107,6 +107,8 @@ def _rows(run: Path) -> list[int]:
 
 
 def _wait_for(what, limit_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Wait for ``what`` (a state the code under test reaches and holds: never a race); ``limit_s`` only bounds a
+    hang."""
     t0 = time.time()
     while not what():
         assert time.time() - t0 < limit_s, "timed out"
@@ -116,16 +118,23 @@ def _wait_for(what, limit_s: float, proc: subprocess.Popen | None = None) -> Non
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """The 4-trial study, SIGKILLed during its second trial and finished by the same command."""
+    """The 4-trial study, SIGKILLed during its second trial and finished by the same command. The kill point is
+    the fault hook's hold, not a moment: every trial's run holds in round 2 (round 1 recorded) until the test
+    removes the file it creates; the first trial's hold is released, the second trial's is where the command is
+    killed. A trial is never pruned before its round 2 (``n_warmup_steps: 2``), so it is running there, whatever
+    the machine's load."""
     tmp = tmp_path_factory.mktemp("tune")
     (tmp / "spec.yaml").write_text(yaml.safe_dump(SPEC))
     (tmp / "recipes").symlink_to(ROOT / "recipes")
-    out = tmp / "out"
+    out, ready = tmp / "out", tmp / "ready"
     args = ["tune", "spec.yaml", "--out", "out"]
-    proc = _cli(args, tmp)
-    second = out / "fedavg" / "trial001" / "seed0"
+    proc = _cli(args, tmp, FEDLIGHT_FAULT="train@2:hold", FEDLIGHT_FAULT_READY=str(ready))
+    first, second = (out / "fedavg" / f"trial00{k}" / "seed0" for k in (0, 1))
     try:
-        _wait_for(lambda: (second / "metrics.jsonl").is_file() and len(_rows(second)) >= 1, 240, proc)
+        _wait_for(lambda: ready.exists() and (first / "metrics.jsonl").is_file(), 600, proc)  # trial 0 holds
+        ready.unlink()
+        _wait_for(lambda: ready.exists() and (second / "metrics.jsonl").is_file(), 600, proc)  # trial 1 holds
+        assert _rows(second) == [1]
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -150,7 +159,7 @@ def study(tmp_path_factory):
 def test_a_killed_study_finishes_with_every_trial_run_once(study):
     states = optuna.trial.TrialState
     before, after, out = study["before"], study["after"], study["out"]
-    assert [t.state for t in before][:2] in ([states.COMPLETE, states.RUNNING], [states.PRUNED, states.RUNNING])
+    assert [t.state for t in before] == [states.COMPLETE, states.RUNNING]  # killed in trial 1, held in round 2
     assert len(after) == 4 and sorted(t.number for t in after) == [0, 1, 2, 3]
     assert {t.state for t in after} <= {states.COMPLETE, states.PRUNED}
     assert sorted(t.params["loop.lr"] for t in after) == sorted(GRID)  # the grid, each point once
