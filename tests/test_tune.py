@@ -345,3 +345,39 @@ def test_report_only_writes_nothing_and_refuses_an_unknown_study(here, capsys):
     assert optuna.get_all_study_names(f"sqlite:///{here / 'out' / 'study.db'}") == ["spec/fedavg"]
     assert main(["reproduce", "spec.yaml", "--tuned", f"sqlite:///{here / 'none.db'}", "--dry-run"]) == 2
     assert "no study storage there" in capsys.readouterr().err and not (here / "none.db").exists()
+
+
+@pytest.fixture
+def zombie():
+    """A process of this host that has ended and is not reaped yet (what a killed Slurm job's orphaned worker stays
+    where no process reaps orphans); reaped at the end."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped
+    yield pid
+    os.waitpid(pid, 0)
+
+
+def test_a_worker_that_ended_or_whose_id_was_reused_is_gone(zombie):
+    from fedlight.lab import tune_study
+
+    me = tune_study.mine()
+    assert not tune_study.gone(me, 3600)
+    assert tune_study.gone({**me, "pid": zombie}, 3600)  # its process ended (os.kill(pid, 0) still succeeds)
+    assert tune_study.gone({**me, "start": me["start"] - 1}, 3600)  # the id is now another process's (this one)
+    parent = {**me, "pid": os.getppid(), "start": None}
+    assert not tune_study.gone(parent, 3600) and tune_study.gone({**parent, "beat": time.time() - 7200}, 3600)
+
+
+def test_a_trial_whose_requeued_worker_ended_unreaped_is_resumed_by_another(here, zombie):
+    """tests/test_tune_slurm.py's requeue left a trial RUNNING: the requeued job's worker, orphaned when Slurm ended
+    the job, stayed a zombie (this machine's first process reaps no orphans), so it counted as alive, no worker took
+    its trial over, and both workers ended with the budget spent."""
+    from fedlight.lab import tune_study
+
+    one = {**SPEC, "tune": {**SPEC["tune"], "trials": 1}}
+    taken = _job(here, one).next()
+    taken.trial.set_user_attr(tune_study.WORKER, {**tune_study.mine(), "pid": zombie, "start": None})
+    again = _job(here, one).next()  # another worker's process
+    assert again is not None and again.trial.number == 0 and again.path == taken.path

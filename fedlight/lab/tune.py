@@ -163,7 +163,8 @@ class Job:
     def tell(self, unit: Trial, value: float | None, state) -> None:
         with self.lock:
             try:
-                self.studies[unit.row].tell(unit.trial.number, value, state=state if value is None else None)
+                self.studies[unit.row].tell(unit.trial.number, value, state=state if value is None else None,
+                                            skip_if_finished=True)  # told already by a worker that took it too
             except RuntimeError as e:  # the grid sampler stops the study at its last point (the state is stored)
                 if "Study.stop" not in str(e):
                     raise

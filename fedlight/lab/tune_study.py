@@ -2,8 +2,9 @@
 protocol that is stored with it (``user_attrs["fedlight"]``), and the trials a worker takes: a new one while the
 row's budget allows, or one whose worker is gone (killed; it resumes from its run's checkpoint).
 
-A trial's worker is in its ``user_attrs["worker"]``: host, process id and the time it last reported. It is gone
-when that process no longer exists on this host, or it has not reported for ``stale_after_s`` (another host).
+A trial's worker is in its ``user_attrs["worker"]``: host, process id and start time, and the time it last reported.
+It is gone when that process no longer runs on this host (no such process, a zombie, or the id reused by another
+process: :func:`fedlight.lab.jobs.alive`), or it has not reported for ``stale_after_s`` (another host).
 """
 
 from __future__ import annotations
@@ -101,17 +102,19 @@ def host() -> str:
 
 
 def mine() -> dict[str, Any]:
-    return {"host": host(), "pid": os.getpid(), "beat": time.time()}
+    from fedlight.lab.jobs import start_time
+
+    return {"host": host(), "pid": os.getpid(), "start": start_time(), "beat": time.time()}
 
 
 def gone(worker: dict[str, Any] | None, stale_after_s: float) -> bool:
     """Whether a running trial's worker is gone (see the module's docstring)."""
-    from fedlight.lab.jobs import alive
+    from fedlight.lab.jobs import alive, start_time
 
     if not worker:
         return True
     if worker.get("host") == host() and worker.get("pid") == os.getpid():
-        return False  # this process runs it
+        return worker.get("start") not in (None, start_time())  # this process runs it (else: its id, reused)
     return not alive(worker) or time.time() - float(worker.get("beat", 0)) > stale_after_s
 
 
