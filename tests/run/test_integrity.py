@@ -399,7 +399,8 @@ def test_the_advice_after_a_client_state_damaged_mid_run_is_the_one_that_works(t
     assert _fit(out, 3, "--loop.state_budget_mb", "0", "--overwrite", "true") == 0  # what it advises
 
 
-@pytest.mark.parametrize("copied", ["summary.json", "config.yaml", "final_model.pt", "checkpoints/prev.ckpt"])
+@pytest.mark.parametrize("copied", ["summary.json", "config.yaml", "final_model.pt", "checkpoints/prev.ckpt",
+                                    "metrics.jsonl"])
 def test_verify_refuses_another_runs_sealed_file_copied_in(copied, two_runs, tmp_path, capsys):
     """Issue 50: each seal proved its own bytes only; the files of two runs of one recipe (another seed) are now
     bound to their run by the run identity config.yaml, summary.json and the checkpoints record, and final_model.pt
@@ -434,3 +435,38 @@ def test_verify_reports_a_missing_config_and_a_finished_runs_missing_summary(two
     assert "damaged  config.yaml: it is missing (every run writes it before round 1)" in lines, lines
     assert "damaged  summary.json: it is missing, though the run finished (it wrote final_model.pt)" in lines, lines
     assert lines[-1] == f"{out}: 2 damaged files"
+
+
+@pytest.mark.parametrize("gone, says", [
+    (["final_model.pt"], ["damaged  final_model.pt: it is missing, though summary.json records its seal"]),
+    (["metrics.jsonl"], ["damaged  metrics.jsonl: it is missing, though summary.json reports 2 rounds"]),
+    (["checkpoints/last.ckpt", "checkpoints/prev.ckpt"],
+     ["damaged  checkpoints/last.ckpt: it is missing (and prev.ckpt), though summary.json reports 2 rounds: every run "
+      "writes the checkpoint of its last round"]),
+    (["final_model.pt", "metrics.jsonl", "checkpoints/last.ckpt", "checkpoints/prev.ckpt"],
+     ["damaged  final_model.pt: it is missing", "damaged  metrics.jsonl: it is missing",
+      "damaged  checkpoints/last.ckpt: it is missing"])])
+def test_verify_reports_a_finished_runs_missing_files(gone, says, two_runs, tmp_path, capsys):
+    """Issue 60: a finished run without its final model, its metrics or its checkpoints verified."""
+    out = tmp_path / "run"
+    shutil.copytree(two_runs[0], out)
+    for name in gone:
+        (out / name).unlink()
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 2
+    lines = capsys.readouterr().out.strip().splitlines()
+    for needle in says:
+        assert any(ln.startswith(needle) for ln in lines), lines
+    assert lines[-1] == f"{out}: {len(says)} damaged file{'s' if len(says) > 1 else ''}", lines
+
+
+def test_verify_reports_a_duplicated_row(two_runs, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(two_runs[0], out)
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("\n".join([rows[0], rows[0], *rows[1:]]) + "\n")
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 2
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "damaged  metrics.jsonl: round 1 has more than one row (a run writes one per round)" in lines, lines
+
