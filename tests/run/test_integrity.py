@@ -226,11 +226,17 @@ def test_a_damaged_metrics_file_is_refused_naming_the_missing_rounds(damage, mes
 
 
 # ------------------------------------------------------------------------------------------------ signals, kills
-def _paused(out: Path, rounds: int, point: str) -> subprocess.Popen:
-    """A real ``fedlight fit`` that waits at ``point`` (a fault point) for a stop signal; returned once it waits."""
+def _paused(out: Path, rounds: int, point: str, teardown: Path | None = None) -> subprocess.Popen:
+    """A real ``fedlight fit`` that waits at ``point`` (a fault point) for a stop signal; returned once it waits.
+    ``teardown``: a file an exit handler of the interpreter's teardown would write."""
     ready = out.parent / "ready"
     env = {**os.environ, "FEDLIGHT_FAULT": f"{point}:pause", "FEDLIGHT_FAULT_READY": str(ready)}
-    proc = subprocess.Popen(_cmd(out, rounds), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    cmd = _cmd(out, rounds)
+    if teardown is not None:
+        cmd = [sys.executable, "-c", f"import atexit, pathlib, runpy, sys; atexit.register(pathlib.Path("
+               f"{str(teardown)!r}).touch); sys.argv = ['fedlight', *{cmd[3:]!r}]; "
+               "runpy.run_module('fedlight.config.cli', run_name='__main__')"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     deadline = time.monotonic() + 300
     while not ready.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -244,7 +250,7 @@ def test_sigterm_during_data_setup_is_a_clean_stop_and_a_second_one_changes_noth
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)  # ignored: the stop is under way
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 143, err
     assert err.strip().splitlines()[-1] == ("fedlight: stopped by SIGTERM during start-up, before any round; nothing "
                                             "is lost: run the same command again")
@@ -252,24 +258,27 @@ def test_sigterm_during_data_setup_is_a_clean_stop_and_a_second_one_changes_noth
 
 
 def test_the_process_ends_right_after_the_stop_line_and_a_second_signal_changes_nothing(tmp_path):
-    proc = _paused(tmp_path / "run", 4, "train@2")
+    """It leaves at its stop line: the interpreter's teardown (exit handlers, which may wait for worker processes)
+    never runs, whatever the machine's load (a bound on the seconds after the line failed on a loaded machine)."""
+    teardown = tmp_path / "teardown"
+    proc = _paused(tmp_path / "run", 4, "train@2", teardown)
     proc.send_signal(signal.SIGTERM)
     lines = []
     for line in proc.stderr:
         lines.append(line)
         if "stopped at round" in line:
-            seen = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             break
-    proc.wait(timeout=60)
+    lines += proc.stderr.readlines()  # nothing after the stop line
+    proc.wait(timeout=300)
     assert lines[-1] == "fedlight: stopped at round 2 by SIGTERM; continue with --resume auto\n", lines
-    assert proc.returncode == 143
-    assert time.monotonic() - seen < 2.0  # 0.2 s measured on an idle core; the bound leaves room for a loaded one
+    assert proc.returncode == 143 and not teardown.exists()
 
 
 def test_fit_called_from_python_returns_right_after_its_stop_line(tmp_path, monkeypatch):
     """Called as a library (``main([...])`` in the caller's own process, no ``os._exit``): the call returns as
-    soon as its stop line is out, with the stop status; the caller's interpreter goes on."""
+    soon as its stop line is out (its writer threads already ended), with the stop status; the caller's interpreter
+    goes on."""
     import threading
 
     ready, stamps = tmp_path / "ready", {}
@@ -281,8 +290,8 @@ def test_fit_called_from_python_returns_right_after_its_stop_line(tmp_path, monk
             self.inner = inner
 
         def write(self, text):
-            if "stopped at round" in text:
-                stamps.setdefault("line", time.monotonic())
+            if "stopped at round" in text:  # the run's threads, when the line is out
+                stamps.setdefault("line", {t.name for t in threading.enumerate()})
             return self.inner.write(text)
 
         def __getattr__(self, name):
@@ -298,9 +307,8 @@ def test_fit_called_from_python_returns_right_after_its_stop_line(tmp_path, monk
     callers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     threading.Thread(target=signal_when_paused, daemon=True).start()
     status = _fit(tmp_path / "run", 4)
-    returned = time.monotonic()
     assert status == 143 and "line" in stamps
-    assert returned - stamps["line"] < 0.5, returned - stamps["line"]
+    assert not [t for t in stamps["line"] if t.startswith("fedlight-")], stamps  # its writers ended before the line
     assert {sig: signal.getsignal(sig) for sig in callers} == callers  # the caller's Ctrl-C works again
     assert _rounds(tmp_path / "run") == [1, 2]
 
