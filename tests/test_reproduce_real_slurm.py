@@ -104,7 +104,7 @@ def test_a_job_at_its_time_limit_is_requeued_by_the_launcher_and_finishes(on_slu
     on_slurm.wait_for(lambda: jobs.read(out / RUN).get("job"), "the job to start")
     job = str(jobs.read(out / RUN)["job"])
     assert on_slurm.job(job)["TimeLimit"] == "00:02:00"
-    on_slurm.wait_for(lambda: on_slurm.job(job).get("Reason") == "BeginTime", "the launcher to requeue the job", 150)
+    on_slurm.wait_for(lambda: on_slurm.job(job).get("Reason") == "BeginTime", "the launcher to requeue the job")
     # the resumed attempt gets room (a loaded machine must not meet a second end-of-job signal: that is not what
     # this test checks), and starts now, not after Slurm's two-minute requeue delay
     on_slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")

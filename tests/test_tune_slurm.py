@@ -61,7 +61,7 @@ def test_two_slurm_workers_share_a_study_and_a_requeued_workers_trial_resumes(on
                 return t, w, _slurm_job_of(w["pid"])
         return None
 
-    on_slurm.wait_for(lambda: ready.exists() and holding(), "a trial's run to hold in round 2", 180)
+    on_slurm.wait_for(lambda: ready.exists() and holding(), "a trial's run to hold in round 2")
     trial, worker, job = holding()
     run = out / "fedavg" / f"trial{trial.number:03d}" / "seed0"
     on_slurm.run("scontrol", "requeue", job)
