@@ -247,20 +247,18 @@ class RunRecord:
             self.logger = None
 
     def close(self, refused: bool = False, failing: bool = False) -> None:
-        """Release everything; safe to call twice and after a failure. A failed write here (TensorBoard's last
-        flush, removing the lock file) is one :class:`~fedlight.run.stops.RunDirError` (exit 74) naming the file and
-        the last checkpoint; ``failing``: the run already fails with its own error, which stays the one reported."""
+        """Release everything; safe to call twice and after a failure. A failed write here (TensorBoard's last flush,
+        the lock file's removal) is one RunDirError (exit 74) naming the file and the last checkpoint, unless the run
+        already fails with its own error (``failing``), which stays the one reported."""
         from fedlight.run.stops import RunDirError, last_checkpoint
 
         try:
             self._close(refused)
-        except (OSError, RunDirError) as e:  # TensorBoard's last flush, or the lock file's removal
-            if failing:
-                return
-            if isinstance(e, RunDirError):
-                raise RunDirError(f"{e} {last_checkpoint(self)}") from None
-            raise RunDirError(f"cannot write {e.filename or self.out}: {e.strerror or e}. Fix the folder (the lock "
-                              f"file left there is taken over by the next run). {last_checkpoint(self)}") from None
+        except (OSError, RunDirError) as e:
+            if not failing:
+                raise RunDirError((f"{e}" if isinstance(e, RunDirError) else f"cannot write {e.filename or self.out}: "
+                                   f"{e.strerror or e}. Fix the folder (the lock file left there is taken over by "
+                                   "the next run).") + f" {last_checkpoint(self)}") from None
 
     def _close(self, refused: bool) -> None:
         self.progress.close()
