@@ -198,3 +198,9 @@ def spy_auto_chunk(monkeypatch, chunk: int) -> list[tuple]:
     monkeypatch.setattr(stacked, "client_footprint", footprint)
     monkeypatch.setattr(stacked, "free_bytes", lambda device: int((chunk + 0.5) * seen[-1][2] / guard.HEADROOM))
     return seen
+
+
+def waited_on_probes_only(seen: dict) -> bool:
+    """The ``network_waits`` fixture (conftest.py) saw the reachability probes (at most two) and at most one other
+    connection (a library's single request, refused at once): no retry, and no back-off sleep."""
+    return seen["probes"] <= 2 and seen["connections"] <= seen["probes"] + 1 and seen["slept_s"] < 1.0

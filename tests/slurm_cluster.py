@@ -36,7 +36,7 @@ class SlurmCluster:
         line = self.run("scontrol", "show", "job", "-o", job_id).strip()
         return dict(f.split("=", 1) for f in line.split() if "=" in f)
 
-    def wait_for(self, condition, what: str, timeout: float = 120) -> None:
+    def wait_for(self, condition, what: str, timeout: float = 600) -> None:  # a bound on a hang only
         deadline = time.monotonic() + timeout
         while not condition():
             assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"

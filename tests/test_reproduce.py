@@ -432,3 +432,15 @@ def test_a_per_round_column_that_only_some_cells_log(tmp_path):
         report.metric_value(plain, "final_server/momentum_variance")  # one run alone: strict
     (tmp_path / "none.yaml").write_text(yaml.safe_dump(spec | {"also": ["final_server/momentum_variance"]}))
     assert main(["reproduce", str(tmp_path / "none.yaml"), "--out", str(out), "--table-only"]) == 2
+
+
+def test_read_only_modes_write_nothing_and_refuse_an_unknown_output_in_one_line(tmp_path, capsys):
+    """Issue 60: `--table-only` on a folder that holds no run wrote an empty table there (a misspelt --out)."""
+    spec, out = write_spec(tmp_path / "quick.yaml"), tmp_path / "nothing"
+    for mode in ("--status", "--dry-run"):
+        assert main(["reproduce", str(spec), "--out", str(out), mode]) == 0
+    capsys.readouterr()
+    assert main(["reproduce", str(spec), "--out", str(out), "--table-only"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"`--table-only`: {out} does not exist, so it holds no run of this table" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["quick.yaml"]

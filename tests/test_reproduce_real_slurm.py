@@ -98,13 +98,13 @@ def test_a_job_at_its_time_limit_is_requeued_by_the_launcher_and_finishes(on_slu
     s = table_spec.load_spec(spec)
     spec.write_text(json.dumps({**s, "slurm": {"signal_s": 50}}))
     with monkeypatch.context() as paused:  # the job's environment only: the reference runs below must not pause
-        paused.setenv("FEDLIGHT_FAULT", "train@2:pause")  # waits up to 60 s there for a signal
+        paused.setenv("FEDLIGHT_FAULT", "train@2:pause")  # waits (up to 300 s) there for a signal
         assert main([*_args(spec, out, "--cells", "fedavg/*", "--time", "2")]) == 0
     reference = request.getfixturevalue("reference")  # some 30 s of the 40 to 70 the job waits for its signal
     on_slurm.wait_for(lambda: jobs.read(out / RUN).get("job"), "the job to start")
     job = str(jobs.read(out / RUN)["job"])
     assert on_slurm.job(job)["TimeLimit"] == "00:02:00"
-    on_slurm.wait_for(lambda: on_slurm.job(job).get("Reason") == "BeginTime", "the launcher to requeue the job", 150)
+    on_slurm.wait_for(lambda: on_slurm.job(job).get("Reason") == "BeginTime", "the launcher to requeue the job")
     # the resumed attempt gets room (a loaded machine must not meet a second end-of-job signal: that is not what
     # this test checks), and starts now, not after Slurm's two-minute requeue delay
     on_slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")
@@ -135,7 +135,7 @@ def test_a_requeued_slurm_job_resumes_and_ends_bitwise_equal(on_slurm, reference
     Slurm's states as they go (running, pending after the requeue, completed), and the job runs again and resumes
     the run, which ends bitwise where the uninterrupted one did."""
     spec, out, ready = write_spec(tmp_path / "quick.yaml"), tmp_path / "out", tmp_path / "ready"
-    monkeypatch.setenv("FEDLIGHT_FAULT", "train@2:pause")  # the run waits in round 2 (up to 60 s) for a signal
+    monkeypatch.setenv("FEDLIGHT_FAULT", "train@2:pause")  # the run waits in round 2 (up to 300 s) for a signal
     monkeypatch.setenv("FEDLIGHT_FAULT_READY", str(ready))
     assert main([*_args(spec, out, "--cells", "fedavg/*")]) == 0
     on_slurm.wait_for(ready.exists, "the run to reach round 2")

@@ -36,7 +36,7 @@ SPEC = {
     "overrides": {"loop.local_steps": 20, "data.init_args.num_clients": 10, "loop.clients_per_round": 2},
     "rows": {"fedavg": {"algorithm": {"class_path": "fedlight.algorithms.FedAvg"}}},
     "tune": {"trials": 4, "rounds": ROUNDS, "objective": "best_test_acc", "sampler": {"name": "grid", "seed": 0},
-             "pruner": {"name": "median", "n_startup_trials": 1, "n_warmup_steps": 1},
+             "pruner": {"name": "median", "n_startup_trials": 1, "n_warmup_steps": 2},
              "space": {"*": {"loop.lr": {"choices": GRID}}}},
 }
 
@@ -97,9 +97,9 @@ def _env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
 
 
-def _cli(args: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CLI, *args], cwd=cwd, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+def _cli(args: list[str], cwd: Path, **env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CLI, *args], cwd=cwd, env={**_env(), **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _rows(run: Path) -> list[int]:
@@ -107,6 +107,8 @@ def _rows(run: Path) -> list[int]:
 
 
 def _wait_for(what, limit_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Wait for ``what`` (a state the code under test reaches and holds: never a race); ``limit_s`` only bounds a
+    hang."""
     t0 = time.time()
     while not what():
         assert time.time() - t0 < limit_s, "timed out"
@@ -116,16 +118,23 @@ def _wait_for(what, limit_s: float, proc: subprocess.Popen | None = None) -> Non
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """The 4-trial study, SIGKILLed during its second trial and finished by the same command."""
+    """The 4-trial study, SIGKILLed during its second trial and finished by the same command. The kill point is
+    the fault hook's hold, not a moment: every trial's run holds in round 2 (round 1 recorded) until the test
+    removes the file it creates; the first trial's hold is released, the second trial's is where the command is
+    killed. A trial is never pruned before its round 2 (``n_warmup_steps: 2``), so it is running there, whatever
+    the machine's load."""
     tmp = tmp_path_factory.mktemp("tune")
     (tmp / "spec.yaml").write_text(yaml.safe_dump(SPEC))
     (tmp / "recipes").symlink_to(ROOT / "recipes")
-    out = tmp / "out"
+    out, ready = tmp / "out", tmp / "ready"
     args = ["tune", "spec.yaml", "--out", "out"]
-    proc = _cli(args, tmp)
-    second = out / "fedavg" / "trial001" / "seed0"
+    proc = _cli(args, tmp, FEDLIGHT_FAULT="train@2:hold", FEDLIGHT_FAULT_READY=str(ready))
+    first, second = (out / "fedavg" / f"trial00{k}" / "seed0" for k in (0, 1))
     try:
-        _wait_for(lambda: (second / "metrics.jsonl").is_file() and len(_rows(second)) >= 1, 240, proc)
+        _wait_for(lambda: ready.exists() and (first / "metrics.jsonl").is_file(), 600, proc)  # trial 0 holds
+        ready.unlink()
+        _wait_for(lambda: ready.exists() and (second / "metrics.jsonl").is_file(), 600, proc)  # trial 1 holds
+        assert _rows(second) == [1]
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -150,7 +159,7 @@ def study(tmp_path_factory):
 def test_a_killed_study_finishes_with_every_trial_run_once(study):
     states = optuna.trial.TrialState
     before, after, out = study["before"], study["after"], study["out"]
-    assert [t.state for t in before][:2] in ([states.COMPLETE, states.RUNNING], [states.PRUNED, states.RUNNING])
+    assert [t.state for t in before] == [states.COMPLETE, states.RUNNING]  # killed in trial 1, held in round 2
     assert len(after) == 4 and sorted(t.number for t in after) == [0, 1, 2, 3]
     assert {t.state for t in after} <= {states.COMPLETE, states.PRUNED}
     assert sorted(t.params["loop.lr"] for t in after) == sorted(GRID)  # the grid, each point once
@@ -211,18 +220,17 @@ def test_optuna_dashboard_serves_the_study(study):
     proc = subprocess.Popen([str(exe), f"sqlite:///{study['out'] / 'study.db'}", "--host", "127.0.0.1", "--port",
                              str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        studies = None
-        for _ in range(120):
+        studies, deadline = None, time.monotonic() + 600  # a bound on a hang: it answers once it has started
+        while studies is None and time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=60) as r:
                     studies = json.loads(r.read())["study_summaries"]
-                    break
             except OSError:
                 assert proc.poll() is None, "optuna-dashboard exited"
                 time.sleep(0.5)
-        assert studies is not None, "optuna-dashboard did not answer in 60 s"
+        assert studies is not None, "optuna-dashboard did not answer in 600 s"
         (ours,) = [s for s in studies if s["study_name"] == "spec/fedavg"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{ours['study_id']}", timeout=10) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{ours['study_id']}", timeout=60) as r:
             detail = json.loads(r.read())
         assert len(detail["trials"]) == 4
         assert {t["state"] for t in detail["trials"]} <= {"Complete", "Pruned"}
@@ -259,3 +267,116 @@ def _tune_with(tmp_path, monkeypatch, capsys, change, extra=()):
 ])
 def test_bad_input_is_one_line_before_any_trial(tmp_path, monkeypatch, capsys, change, extra, says):
     assert says in _tune_with(tmp_path, monkeypatch, capsys, change, extra)
+
+
+# ------------------------------------------------------------------------------------------------ restarts, recipes,
+# read-only commands (issue 60): the studies alone, no trial run
+def _job(tmp: Path, spec: dict, create: bool = True):
+    from fedlight.lab import tune as tune_cmd
+    from fedlight.lab import tune_space
+    from fedlight.lab.table_spec import load_spec
+
+    path = tmp / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    loaded = load_spec(path)
+    tune = tune_space.parse(loaded, "spec")
+    return tune_cmd.Job(loaded, path, tune, tmp / "out", f"sqlite:///{tmp / 'out' / 'study.db'}", "spec",
+                        ["fedavg"], None, [], **({} if create else {"create": False}))
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    return tmp_path
+
+
+RANDOM = {**SPEC, "tune": {**SPEC["tune"], "trials": 3, "sampler": {"name": "random", "seed": 0},
+                           "pruner": "none", "space": {"*": {"loop.lr": {"low": 0.001, "high": 0.3, "log": True}}}}}
+
+
+def _lrs(tmp: Path, restart: bool) -> list[float]:
+    job, lrs = None, []
+    for k in range(3):
+        job = _job(tmp, RANDOM) if restart or job is None else job  # a restart: a new process, its sampler afresh
+        trial = job.next()
+        lrs.append(trial.trial.params["loop.lr"])
+        job.tell(trial, float(k), optuna.trial.TrialState.COMPLETE)
+    return lrs
+
+
+def test_a_restarted_study_draws_what_an_uninterrupted_one_draws(tmp_path, monkeypatch):
+    """A restart re-seeded the sampler: its first trial repeated trial 0's values (a run repeated bit for bit)."""
+    runs = []
+    for restart in (False, True):
+        tmp = tmp_path / str(restart)
+        tmp.mkdir()
+        monkeypatch.chdir(tmp)
+        (tmp / "recipes").symlink_to(ROOT / "recipes")
+        runs.append(_lrs(tmp, restart))
+    assert len(set(runs[1])) == 3 and runs[1] == runs[0]
+
+
+def test_an_edited_base_recipe_is_refused_naming_the_setting(here):
+    from fedlight.errors import ConfigError
+
+    _job(here, SPEC)
+    base = yaml.safe_load((ROOT / "recipes" / "quickstart.yaml").read_text())
+    base["loop"]["weight_decay"] = 0.001
+    (here / "base.yaml").write_text(yaml.safe_dump(base))
+    with pytest.raises(ConfigError, match=r"`recipe.loop.weight_decay` is 0.0 in the study and 0.001 now"):
+        _job(here, {**SPEC, "base": "base.yaml"})
+    _job(here, {**SPEC, "tune": {**SPEC["tune"], "trials": 5}})  # the same recipe: the budget may grow
+
+
+def test_report_only_writes_nothing_and_refuses_an_unknown_study(here, capsys):
+    (here / "spec.yaml").write_text(yaml.safe_dump(SPEC))
+    assert main(["tune", "spec.yaml", "--out", "out", "--report-only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no study storage there" in err and not (here / "out").exists(), err
+    _job(here, SPEC)  # a study of spec.yaml, then its report under another file name of the same spec
+    (here / "same.yaml").write_text(yaml.safe_dump(SPEC))
+    before = {p.name: p.read_bytes() for p in (here / "out").iterdir()}
+    assert main(["tune", "same.yaml", "--out", "out", "--report-only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the storage has no study 'same/fedavg' (it has spec/fedavg)" in err, err
+    assert {p.name: p.read_bytes() for p in (here / "out").iterdir()} == before
+    assert optuna.get_all_study_names(f"sqlite:///{here / 'out' / 'study.db'}") == ["spec/fedavg"]
+    assert main(["reproduce", "spec.yaml", "--tuned", f"sqlite:///{here / 'none.db'}", "--dry-run"]) == 2
+    assert "no study storage there" in capsys.readouterr().err and not (here / "none.db").exists()
+
+
+@pytest.fixture
+def zombie():
+    """A process of this host that has ended and is not reaped yet (what a killed Slurm job's orphaned worker stays
+    where no process reaps orphans); reaped at the end."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped
+    yield pid
+    os.waitpid(pid, 0)
+
+
+def test_a_worker_that_ended_or_whose_id_was_reused_is_gone(zombie):
+    from fedlight.lab import tune_study
+
+    me = tune_study.mine()
+    assert not tune_study.gone(me, 3600)
+    assert tune_study.gone({**me, "pid": zombie}, 3600)  # its process ended (os.kill(pid, 0) still succeeds)
+    assert tune_study.gone({**me, "start": me["start"] - 1}, 3600)  # the id is now another process's (this one)
+    parent = {**me, "pid": os.getppid(), "start": None}
+    assert not tune_study.gone(parent, 3600) and tune_study.gone({**parent, "beat": time.time() - 7200}, 3600)
+
+
+def test_a_trial_whose_requeued_worker_ended_unreaped_is_resumed_by_another(here, zombie):
+    """tests/test_tune_slurm.py's requeue left a trial RUNNING: the requeued job's worker, orphaned when Slurm ended
+    the job, stayed a zombie (this machine's first process reaps no orphans), so it counted as alive, no worker took
+    its trial over, and both workers ended with the budget spent."""
+    from fedlight.lab import tune_study
+
+    one = {**SPEC, "tune": {**SPEC["tune"], "trials": 1}}
+    taken = _job(here, one).next()
+    taken.trial.set_user_attr(tune_study.WORKER, {**tune_study.mine(), "pid": zombie, "start": None})
+    again = _job(here, one).next()  # another worker's process
+    assert again is not None and again.trial.number == 0 and again.path == taken.path

@@ -159,7 +159,7 @@ def fit(
             raise
         raise mine from None
     finally:
-        record.close(refused=refused)
+        record.close(refused=refused, failing=sys.exc_info()[0] is not None)
         stops.end_processes(fabric, agreed)
 
 

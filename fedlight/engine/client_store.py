@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from fedlight.run.atomic import DamagedFile
-from fedlight.run.client_files import locate
+from fedlight.run.client_files import locate, resume_advice
 
 _ALIGN = 64  # byte alignment of each tensor in a spill file (any dtype can be viewed in place)
 
@@ -211,12 +211,10 @@ class ClientStateStore:
                 else torch.empty(0, dtype=torch.uint8)
         except (OSError, RuntimeError) as err:  # removed or truncated since the checks before round 1
             raise DamagedFile(f"client {client_id}'s state file {e['path']} is damaged: it is missing or truncated "
-                              f"({str(err).splitlines()[0][:120]}); continue with `--resume auto`, which checks every "
-                              "file a checkpoint names before round 1") from None
+                              f"({str(err).splitlines()[0][:120]}); {resume_advice(e['path'])}") from None
         if zlib.crc32(buf.numpy()) != e["crc"]:  # every read: a file this run wrote can be damaged since too
             raise DamagedFile(f"client {client_id}'s state file {e['path']} is damaged: its bytes differ from the ones "
-                              "written (CRC-32 mismatch); continue with `--resume auto`, which checks every file a "
-                              "checkpoint names before round 1")
+                              f"written (CRC-32 mismatch); {resume_advice(e['path'])}")
         offsets: list[tuple[int, torch.dtype, tuple]] = []
         _layout(e["spec"], offsets)
         tensors = [buf[p: p + d.itemsize * int(torch.Size(s).numel())].view(d).view(s).to(device, copy=True)

@@ -31,7 +31,10 @@ def host() -> str:
 
 def alive(record: dict[str, Any]) -> bool:
     """Whether the process a ``running`` record names may still run: ``False`` only when it ran on this host and
-    no process has its id any more (killed with its launcher, a machine restart); another host's cannot be seen."""
+    its process is gone: no process has its id any more (killed with its launcher, a machine restart), the process
+    ended and waits to be reaped (a zombie: where no one reaps orphans, e.g. a container whose first process does
+    not, a killed job's orphaned process stays one), or the id is now another process's (its start time differs
+    from the record's ``start``, when it has one); another host's cannot be seen."""
     pid = record.get("pid")
     if record.get("host") != host() or not isinstance(pid, int):
         return True
@@ -41,7 +44,25 @@ def alive(record: dict[str, Any]) -> bool:
         return False
     except OSError:  # another user's process: it exists
         pass
-    return True
+    state = proc_state(pid)
+    if state is None:
+        return True
+    return state[0] not in "ZX" and record.get("start") in (None, state[1])
+
+
+def proc_state(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks since boot) of process ``pid``, from ``/proc`` (None: unknown)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return fields[0], int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def start_time() -> int | None:
+    """This process's start time (clock ticks since boot; with its id it names the process, never a later one)."""
+    state = proc_state(os.getpid())
+    return state[1] if state else None
 
 
 def read(path: Path) -> dict[str, Any]:

@@ -125,6 +125,8 @@ def cmd_reproduce(argv: list[str]) -> int:
         return 0
     if a.status:
         return runner.status(a, out, chosen)
+    check(not a.table_only or out.is_dir() or previous is not None, f"`--table-only`: {out} does not exist, so it "
+          "holds no run of this table; pass the --out its runs went to (or --previous TABLE_CSV), or run the table")
     counts = {} if a.table_only else runner.launch(a, spec, chosen, out)
     if counts.get("signal"):  # stopped: the runs stopped after their round; the same command continues them
         name = counts["signal"]

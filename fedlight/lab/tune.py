@@ -119,15 +119,16 @@ class Job:
     """One ``fedlight tune`` command: the studies of the rows and the trials it takes from them."""
 
     def __init__(self, spec: dict[str, Any], spec_path: Path, tune: tune_space.Tune, out: Path, storage: str,
-                 name: str, rows: list[str], shrink: str | None, execution: list[str]) -> None:
+                 name: str, rows: list[str], shrink: str | None, execution: list[str], create: bool = True) -> None:
         self.spec, self.spec_path, self.tune, self.out, self.name = spec, spec_path, tune, out, name
         self.shrink, self.execution, self.url = shrink, execution, storage
-        self.storage = tune_study.open_storage(storage)
+        self.storage = tune_study.open_storage(storage, create)
         self.maximize = tune.maximize(spec)
         self.cells = {c.row: c for c in cells(spec) if c.col == tune.column and c.row in rows}
         self.studies = {row: tune_study.open_study(
-            self.storage, tune_study.study_name(name, row), tune.protocol(row, c.overrides, shrink), self.maximize,
-            tune_study.sampler(tune, row), tune_study.pruner(tune)) for row, c in self.cells.items()}
+            self.storage, tune_study.study_name(name, row), tune.protocol(row, c.overrides, shrink, spec),
+            self.maximize, tune_study.sampler(tune, row), tune_study.pruner(tune), create)
+            for row, c in self.cells.items()}
         self.taken: dict[str, set[int]] = {row: set() for row in self.cells}
         self.lock = threading.Lock()
 
@@ -162,7 +163,8 @@ class Job:
     def tell(self, unit: Trial, value: float | None, state) -> None:
         with self.lock:
             try:
-                self.studies[unit.row].tell(unit.trial.number, value, state=state if value is None else None)
+                self.studies[unit.row].tell(unit.trial.number, value, state=state if value is None else None,
+                                            skip_if_finished=True)  # told already by a worker that took it too
             except RuntimeError as e:  # the grid sampler stops the study at its last point (the state is stored)
                 if "Study.stop" not in str(e):
                     raise
@@ -207,10 +209,13 @@ def cmd_tune(argv: list[str]) -> int:
     out = Path(a.out) if a.out else default_out(spec_path, a.shrink)
     name = a.study or spec_path.stem
     url = tune_study.storage_url(a.storage, out)
-    job = Job(spec, spec_path, tune, out, url, name, rows, a.shrink, runner.execution_args(a.fit_args))
+    job = Job(spec, spec_path, tune, out, url, name, rows, a.shrink, runner.execution_args(a.fit_args),
+              create=not a.report_only)  # --report-only: every study must exist; none is made or changed
     from fedlight.run.files import atomic_write_text
 
-    atomic_write_text(out / "tune.json", json.dumps({"storage": url, "study": name, "spec": str(spec_path)}) + "\n")
+    if not a.report_only:
+        atomic_write_text(out / "tune.json", json.dumps({"storage": url, "study": name, "spec": str(spec_path)})
+                          + "\n")
     counts: dict[str, Any] = {}
     if a.report_only:
         pass

@@ -51,11 +51,20 @@ class Tune:
     pruner: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     stale_after_s: float = 3600.0  # a trial whose worker has not reported for this long is taken over
 
-    def protocol(self, row: str, cell_overrides: dict[str, Any], shrink: str | None) -> dict[str, Any]:
-        """What a row's study is made from; a study made from another protocol is refused (trials may grow)."""
-        return {"overrides": cell_overrides, "space": self.space[row], "objective": self.objective,
+    def protocol(self, row: str, cell_overrides: dict[str, Any], shrink: str | None,
+                 spec: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What a row's study is made from; a study made from another protocol is refused (trials may grow).
+        ``recipe``: the defining settings of the row's cell, the base recipe resolved with its overrides (those the
+        trials set themselves, ``loop.rounds`` and the searched ones, left out): an edited base recipe is caught."""
+        made = {"overrides": cell_overrides, "space": self.space[row], "objective": self.objective,
                 "rounds": self.rounds, "seeds": self.seeds, "sampler": self.sampler, "pruner": self.pruner,
                 "column": self.column, "shrink": shrink or ""}
+        if spec is not None:
+            from fedlight.run.directory import split_settings
+
+            defining = split_settings(cell_config(spec, row, self.column))[0]
+            made["recipe"] = {k: v for k, v in defining.items() if k not in self.space[row] and k != "loop.rounds"}
+        return made
 
     def maximize(self, spec: dict[str, Any]) -> bool:
         if self.objective.startswith("rounds_to_target:"):

@@ -2,8 +2,9 @@
 protocol that is stored with it (``user_attrs["fedlight"]``), and the trials a worker takes: a new one while the
 row's budget allows, or one whose worker is gone (killed; it resumes from its run's checkpoint).
 
-A trial's worker is in its ``user_attrs["worker"]``: host, process id and the time it last reported. It is gone
-when that process no longer exists on this host, or it has not reported for ``stale_after_s`` (another host).
+A trial's worker is in its ``user_attrs["worker"]``: host, process id and start time, and the time it last reported.
+It is gone when that process no longer runs on this host (no such process, a zombie, or the id reused by another
+process: :func:`fedlight.lab.jobs.alive`), or it has not reported for ``stale_after_s`` (another host).
 """
 
 from __future__ import annotations
@@ -33,10 +34,14 @@ def storage_url(text: str | None, out: Path) -> str:
     return text or f"sqlite:///{(Path(out) / 'study.db').resolve()}"
 
 
-def open_storage(url: str):
-    """Optuna's RDB storage at ``url``; one that cannot be opened is one line (exit 2) naming it and why."""
+def open_storage(url: str, create: bool = True):
+    """Optuna's RDB storage at ``url``; one that cannot be opened is one line (exit 2) naming it and why.
+    ``create=False`` (a read-only command): an SQLite file that does not exist is refused, not made."""
     import optuna
 
+    db = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+    check(create or db is None or db.is_file(), f"`--storage` {url}: there is no study storage there ({db} does not "
+          "exist); run `fedlight tune` first, or pass its --out (or --storage)")
     try:
         if url.startswith("sqlite:///"):
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
@@ -52,17 +57,28 @@ def study_name(name: str, row: str) -> str:
     return f"{name}/{row}"
 
 
-def open_study(storage, name: str, protocol: dict[str, Any], maximize: bool, sampler, pruner):
-    """Load or create the row's study; a study made from another protocol is refused, naming what differs."""
+def open_study(storage, name: str, protocol: dict[str, Any], maximize: bool, sampler, pruner, create: bool = True):
+    """Load or create the row's study; a study made from another protocol is refused, naming what differs.
+    ``create=False`` (a read-only command): a missing study is refused in one line, and nothing is written."""
     import optuna
 
+    if not create:
+        known = optuna.get_all_study_names(storage)
+        check(name in known, f"the storage has no study {name!r} (it has {', '.join(sorted(known)) or 'none'}); "
+              "run `fedlight tune` with this spec first, or pass its --out (or --storage/--study)")
     study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True, sampler=sampler,
                                 pruner=pruner, direction="maximize" if maximize else "minimize")
     made = study.user_attrs.get(PROTOCOL)
     wanted = json.loads(json.dumps(protocol, default=str))
+    if made is not None and "recipe" not in made and "recipe" in wanted:  # made before the recipe was recorded
+        made = {**made, "recipe": wanted["recipe"]}
+        if create:
+            study.set_user_attr(PROTOCOL, made)
     if made is None:
-        study.set_user_attr(PROTOCOL, wanted)
+        if create:
+            study.set_user_attr(PROTOCOL, wanted)
         return study
+    made, wanted = _flat_recipe(made), _flat_recipe(wanted)
     diff = [k for k in sorted(set(made) | set(wanted)) if made.get(k) != wanted.get(k)]
     if diff:
         k = diff[0]
@@ -73,6 +89,12 @@ def open_study(storage, name: str, protocol: dict[str, Any], maximize: bool, sam
     return study
 
 
+def _flat_recipe(protocol: dict[str, Any]) -> dict[str, Any]:
+    """The protocol with its ``recipe`` spread into ``recipe.<key>`` entries (a difference names the setting)."""
+    return {**{k: v for k, v in protocol.items() if k != "recipe"},
+            **{f"recipe.{k}": v for k, v in (protocol.get("recipe") or {}).items()}}
+
+
 def host() -> str:
     from fedlight.lab.jobs import host as _host
 
@@ -80,17 +102,19 @@ def host() -> str:
 
 
 def mine() -> dict[str, Any]:
-    return {"host": host(), "pid": os.getpid(), "beat": time.time()}
+    from fedlight.lab.jobs import start_time
+
+    return {"host": host(), "pid": os.getpid(), "start": start_time(), "beat": time.time()}
 
 
 def gone(worker: dict[str, Any] | None, stale_after_s: float) -> bool:
     """Whether a running trial's worker is gone (see the module's docstring)."""
-    from fedlight.lab.jobs import alive
+    from fedlight.lab.jobs import alive, start_time
 
     if not worker:
         return True
     if worker.get("host") == host() and worker.get("pid") == os.getpid():
-        return False  # this process runs it
+        return worker.get("start") not in (None, start_time())  # this process runs it (else: its id, reused)
     return not alive(worker) or time.time() - float(worker.get("beat", 0)) > stale_after_s
 
 
@@ -138,7 +162,40 @@ def sampler(tune, row: str):
         check(all("choices" in d for d in space.values()), f"`tune.sampler` grid needs every setting of row {row!r} "
               "as {choices: [...]}")
         kw["search_space"] = {k: d["choices"] for k, d in space.items()}
-    return getattr(optuna.samplers, SAMPLERS[tune.sampler["name"]])(**kw)
+    made = getattr(optuna.samplers, SAMPLERS[tune.sampler["name"]])(**kw)
+    return made if kw.get("seed") is None or tune.sampler["name"] == "grid" else per_trial_seed(made, kw["seed"])
+
+
+def per_trial_seed(inner, seed: int):
+    """``inner`` (a seeded sampler) with its random state set from ``seed`` and the trial's number before each trial:
+    a restarted study (a new process, its sampler seeded afresh) draws for trial k what an uninterrupted one draws,
+    never trial 0's values again, and two workers sharing a study draw for different trials. (The grid sampler
+    needs none: it takes a grid point no trial has.)"""
+    import optuna
+
+    class PerTrialSeed(optuna.samplers.BaseSampler):
+        def infer_relative_search_space(self, study, trial):
+            return inner.infer_relative_search_space(study, trial)
+
+        def sample_relative(self, study, trial, search_space):
+            return inner.sample_relative(study, trial, search_space)
+
+        def sample_independent(self, study, trial, name, distribution):
+            return inner.sample_independent(study, trial, name, distribution)
+
+        def before_trial(self, study, trial) -> None:
+            for owner in (inner, getattr(inner, "_random_sampler", None)):  # TPE draws its first trials by one
+                if getattr(owner, "_rng", None) is not None:
+                    owner._rng.rng.seed((seed * 1_000_003 + trial.number) % 2**32)
+            inner.before_trial(study, trial)
+
+        def after_trial(self, study, trial, state, values) -> None:
+            inner.after_trial(study, trial, state, values)
+
+        def reseed_rng(self) -> None:
+            inner.reseed_rng()
+
+    return PerTrialSeed()
 
 
 def pruner(tune):
@@ -179,7 +236,7 @@ def tuned_values(spec_path: Path, rows: list[str], tuned: str) -> dict[str, dict
               "storage URL; pass the --out of `fedlight tune` or its --storage")
         record = json.loads(made.read_text())
         url, name = record["storage"], record["study"]
-    storage = open_storage(url)
+    storage = open_storage(url, create=False)
     import optuna
 
     names = set(optuna.get_all_study_names(storage))

@@ -6,7 +6,8 @@ tracker's ``csv/**/{metrics.csv,hparams.yaml}``, the W&B tracker's folder ``wand
 ``client_state/rank<r>/c*-*-*.{bin,tmp}`` and the temporary ``.<name>.*.tmp`` of a killed write beside any of them.
 A folder left empty is removed; any other file stays, and is named. A file of one of those names that fedlight did
 not write (:func:`foreign`: a ``config.yaml`` without fedlight's digest line or recipe keys, a ``summary.json``
-without its digest, ...) is never touched: the run is refused before it starts, naming the file.
+without its digest, a ``metrics.jsonl`` of rounds that neither sits beside fedlight's ``config.yaml`` nor holds the
+row an intact checkpoint there carries, ...) is never touched: the run is refused before it starts, naming the file.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def _why(path: Path, ours_config: bool = False) -> str | None:
 
             value = yaml.safe_load(text)
             ours = side_files.TAG in text or isinstance(value, dict) and {"model", "data", "loop"} <= value.keys()
-        elif path.name == "metrics.jsonl":
-            ours = not text or "round" in json.loads(text.splitlines()[0])
+        elif path.name == "metrics.jsonl":  # a round's row beside fedlight's config.yaml or bound to a checkpoint
+            first = json.loads(text.splitlines()[0]) if text.strip() else {"round": 0}
+            ours = not text.strip() or isinstance(first.get("round"), int) and (ours_config or _bound(path))
         elif path.name == "summary.json":
             ours = bool({side_files.KEY, "rounds_completed"} & json.loads(text).keys())
         else:  # trackers.json: {name: {"id", "logged"}}
@@ -71,6 +73,23 @@ def _why(path: Path, ours_config: bool = False) -> str | None:
     except Exception:  # noqa: BLE001 - unreadable, not UTF-8, not YAML/JSON, not a mapping: not fedlight's
         ours = False
     return None if ours else "its content is not what fedlight writes"
+
+
+def _bound(metrics: Path) -> bool:
+    """Whether an intact checkpoint beside ``metrics`` carries the row that file holds for the checkpoint's round."""
+    from fedlight.run.atomic import load_checkpoint
+    from fedlight.run.files import read_rows, row_disagrees
+
+    rows = read_rows(metrics)[0]
+    for name in ("last.ckpt", "prev.ckpt"):
+        try:
+            ckpt = load_checkpoint(metrics.parent / "checkpoints" / name)
+        except Exception:  # noqa: BLE001 - missing, damaged or foreign: it proves nothing
+            continue
+        last = json.loads(ckpt.get("last_row") or "{}").get("round")
+        if any(r["round"] == last for r in rows) and row_disagrees(rows, ckpt) is None:
+            return True
+    return False
 
 
 def clear(out: Path) -> list[Path]:

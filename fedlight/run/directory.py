@@ -190,7 +190,10 @@ class RunLock:
                                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
         self.fd = fd
         if expected is not None and snapshot(self.path.parent) != expected:
-            self.release(refused=True)
+            try:
+                self.release(refused=True)
+            except OSError:
+                pass  # the refusal is the message; a lock file left behind is taken over by the next run
             raise ConfigError(f"`out_dir` {self.path.parent} changed while this run was starting: another run wrote "
                               "to it before this one took its lock; run the command again (it decides afresh: "
                               "`--resume auto` continues that run) or choose another `--out_dir`")
@@ -203,12 +206,21 @@ class RunLock:
             return "holder unknown"
 
     def release(self, refused: bool = False) -> None:
-        """Unlock; the lock file is removed (and the directory, if this run created it and it stayed empty)."""
+        """Unlock; the lock file is removed (and the directory, if this run created it and it stayed empty). The lock
+        is let go even when its file cannot be removed (the folder turned read-only): that failure is then raised, an
+        :class:`OSError` naming the file (a lock file left behind is taken over by the next run)."""
         if self.fd is None:
             return
-        self.path.unlink(missing_ok=True)
-        os.close(self.fd)
-        self.fd = None
+        try:
+            from fedlight.run import faults
+
+            faults.on_write(self.path)  # removing the file writes the folder
+            self.path.unlink(missing_ok=True)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror or str(e), str(self.path)) from None
+        finally:
+            os.close(self.fd)
+            self.fd = None
         if refused and self.created_dir:
             try:
                 self.path.parent.rmdir()

@@ -3,14 +3,15 @@
 ``<point>@<round>[:<action>]`` — points: ``setup@0`` (start-up, after the data set-up), ``train`` (after the
 round's first client), ``eval`` (inside evaluation), ``ckpt`` (checkpoint written to its temporary file, not yet
 renamed), ``metrics`` (checkpoint renamed, metrics row not yet appended). Actions: ``kill`` (the default: SIGKILL
-the process there), ``enospc`` (the write fails there as on a full disk), ``pause`` (wait there once, up to 60 s,
+the process there), ``enospc`` (the write fails there as on a full disk), ``pause`` (wait there once, up to 300 s,
 until a stop signal arrives, after creating the file named by ``FEDLIGHT_FAULT_READY``: a signal test then knows
-where the run is), ``hold`` (wait there once, up to 60 s, until the test removes the file named by
+where the run is), ``hold`` (wait there once, up to 300 s, until the test removes the file named by
 ``FEDLIGHT_FAULT_READY``, which it creates: the test changes the world mid-run, e.g. makes a tracker's store
 read-only, and lets the run go on).
 
 ``write:<file name>:<ERRNO>[:<n>]`` — the ``n``-th write (default the first) to a file of that name (``last.ckpt``,
-``final_model.pt``, ``summary.json``, ``config.yaml``, ``metrics.jsonl``, ``table.md``, ...) fails with that errno
+``final_model.pt``, ``summary.json``, ``config.yaml``, ``metrics.jsonl``, ``table.md``, ``.fedlight.lock``: its
+removal, ...) fails with that errno
 (``ENOSPC``, ``EDQUOT``, ``EROFS``, ``EIO``), exactly where a real disk would fail it; ``KILL`` SIGKILLs the
 process there instead (TensorBoard's event file is named ``tfevents``; its error is raised inside TensorBoard's own
 writer thread, :class:`FaultyFile`).
@@ -89,6 +90,6 @@ def _pause(until_removed: bool = False) -> None:
     ready = Path(os.environ.get("FEDLIGHT_FAULT_READY") or os.devnull)
     if ready != Path(os.devnull):
         ready.touch()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300  # a bound on a hang only: far beyond any wait of a loaded machine
     while not stops.requested() and time.monotonic() < deadline and (not until_removed or ready.exists()):
         time.sleep(0.02)

@@ -123,6 +123,18 @@ def read_rows(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return rows, problems
 
 
+def row_disagrees(rows: list[dict[str, Any]], ckpt: dict[str, Any] | None) -> str | None:
+    """Why ``rows`` (of ``metrics.jsonl``) are not the rows of checkpoint ``ckpt``'s run: its row of the checkpoint's
+    round is not the one the checkpoint carries (``None``: it is, or either lacks that row)."""
+    mine = json.loads(ckpt["last_row"]) if ckpt and ckpt.get("last_row") else {}
+    theirs = next((r for r in rows if r["round"] == mine.get("round")), None)
+    differ = [k for k in mine if theirs is not None and mine[k] != theirs.get(k)]
+    if not differ:
+        return None
+    return (f"its row of round {mine['round']} is not the one the checkpoint of that round carries "
+            f"({', '.join(differ[:3])} differ{'s' if len(differ) == 1 else ''}): another run's")
+
+
 def missing_rounds(rows: list[dict[str, Any]], rounds_done: int) -> list[int]:
     """Rounds 1..``rounds_done`` that have no row."""
     have = {r["round"] for r in rows}

@@ -246,8 +246,21 @@ class RunRecord:
                 self.logger.close()
             self.logger = None
 
-    def close(self, refused: bool = False) -> None:
-        """Release everything; safe to call twice and after a failure."""
+    def close(self, refused: bool = False, failing: bool = False) -> None:
+        """Release everything; safe to call twice and after a failure. A failed write here (TensorBoard's last flush,
+        the lock file's removal) is one RunDirError (exit 74) naming the file and the last checkpoint, unless the run
+        already fails with its own error (``failing``), which stays the one reported."""
+        from fedlight.run.stops import RunDirError, last_checkpoint
+
+        try:
+            self._close(refused)
+        except (OSError, RunDirError) as e:
+            if not failing:
+                raise RunDirError((f"{e}" if isinstance(e, RunDirError) else f"cannot write {e.filename or self.out}: "
+                                   f"{e.strerror or e}. Fix the folder (the lock file left there is taken over by "
+                                   "the next run).") + f" {last_checkpoint(self)}") from None
+
+    def _close(self, refused: bool) -> None:
         self.progress.close()
         if self.writer is not None:
             if self.writer.wait in faults.DRAIN:

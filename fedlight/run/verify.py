@@ -6,8 +6,11 @@ this run directory, wherever it was written: :mod:`fedlight.run.client_files`), 
 CRC-32 in their names, ``summary.json`` and ``config.yaml`` against their own SHA-256 (:mod:`fedlight.run.side_files`;
 the summary's round count also against ``metrics.jsonl``) and against this run: the run identity they and the
 checkpoints record agrees, and ``final_model.pt``'s seal is the one ``summary.json`` records (a file copied in from
-another run is damaged here); a missing ``config.yaml``, or a finished run's missing ``summary.json``, is damaged;
-``metrics.jsonl`` row by row (every round up to the last checkpoint or the summary present). Temporary files of a
+another run is damaged here); a missing ``config.yaml``, or a finished run's missing ``summary.json``, is damaged, as
+are, once ``summary.json`` reports finished rounds, a missing ``final_model.pt`` whose seal it records, a missing
+``metrics.jsonl`` and both checkpoints missing; ``metrics.jsonl`` row by row (every round up to the last checkpoint or
+the summary present, each once, and the row of the newest checkpoint's round the one that checkpoint carries: another
+run's file copied in is damaged). Temporary files of a
 killed write are listed (the next start removes them).
 Exit status 0: every file verifies; 2: at least one is damaged (or the folder is not a run directory).
 """
@@ -21,7 +24,7 @@ from typing import Any
 from fedlight.errors import ConfigError
 from fedlight.run import client_files, side_files
 from fedlight.run.atomic import check_sealed, seal_of
-from fedlight.run.files import missing_rounds, read_rows, round_ranges
+from fedlight.run.files import missing_rounds, read_rows, round_ranges, row_disagrees
 
 Finding = tuple[str, str, str]  # (ok | damaged | leftover, file relative to the run directory, detail)
 
@@ -104,11 +107,22 @@ def _unnamed_client_states(out: Path, found: list[Finding], intact: bool) -> Non
 
 def _missing(out: Path, found: list[Finding]) -> None:
     """A run's ``config.yaml`` is never missing; a finished run's (it wrote ``final_model.pt``) ``summary.json``
-    neither."""
+    neither; nor, once ``summary.json`` says the run finished rounds, the ``final_model.pt`` whose seal it records,
+    ``metrics.jsonl``, or the checkpoint of its last round (every run writes one)."""
     if not (out / "config.yaml").exists():
         found.append(("damaged", "config.yaml", "it is missing (every run writes it before round 1)"))
     if (out / "final_model.pt").exists() and not (out / "summary.json").exists():
         found.append(("damaged", "summary.json", "it is missing, though the run finished (it wrote final_model.pt)"))
+    summary = _summary(out, found)
+    done = summary.get("rounds_completed")
+    if summary.get("final_model_sha256") and not (out / "final_model.pt").exists():
+        found.append(("damaged", "final_model.pt", "it is missing, though summary.json records its seal"))
+    if isinstance(done, int) and done > 0 and not (out / "metrics.jsonl").exists():
+        found.append(("damaged", "metrics.jsonl", f"it is missing, though summary.json reports {done} rounds"))
+    if isinstance(done, int) and done > 0 and not any((out / "checkpoints" / n).exists() for n in ("last.ckpt",
+                                                                                                   "prev.ckpt")):
+        found.append(("damaged", "checkpoints/last.ckpt", f"it is missing (and prev.ckpt), though summary.json "
+                      f"reports {done} rounds: every run writes the checkpoint of its last round"))
 
 
 def _bound(out: Path, ids: dict[str, str | None], summary: dict[str, Any], found: list[Finding]) -> None:
@@ -144,12 +158,32 @@ def _metrics(out: Path, rounds_done: int, ckpt: dict[str, Any] | None, found: li
     rows, problems = read_rows(path)
     restorable = json.loads(ckpt["last_row"])["round"] if ckpt and ckpt.get("last_row") else None
     lost = [k for k in missing_rounds(rows, rounds_done) if k != restorable]
+    twice = _repeated(path)
+    theirs = row_disagrees(rows, ckpt)
     if lost:
         why = f" ({'; '.join(problems[:3])})" if problems else ""
         rounds = f"round{'s' if len(lost) > 1 else ''} {round_ranges(lost)}"
         found.append(("damaged", "metrics.jsonl", f"the rows of {rounds} are missing{why}"))
+    elif twice:
+        found.append(("damaged", "metrics.jsonl", f"round{'s' if len(twice) > 1 else ''} {round_ranges(twice)} "
+                      f"{'have' if len(twice) > 1 else 'has'} more than one row (a run writes one per round)"))
+    elif theirs:
+        found.append(("damaged", "metrics.jsonl", f"it is another run's: {theirs.rsplit(': ', 1)[0]}"))
     else:
         found.append(("ok", "metrics.jsonl", f"({len(rows)} rounds)"))
+
+
+def _repeated(path: Path) -> list[int]:
+    """The rounds that have more than one row in ``metrics.jsonl``."""
+    seen: dict[int, int] = {}
+    for raw in path.read_bytes().split(b"\n"):
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(row, dict) and isinstance(row.get("round"), int):
+            seen[row["round"]] = seen.get(row["round"], 0) + 1
+    return sorted(k for k, n in seen.items() if n > 1)
 
 
 def cmd_verify(argv: list[str]) -> int:

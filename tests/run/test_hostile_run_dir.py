@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -237,6 +238,88 @@ def test_overwrite_still_clears_a_finished_run(tmp_path, done_run):
     import shutil
 
     shutil.copytree(done_run, out)
+    res = _fit("--out_dir", out, "--loop.rounds", 1, "--overwrite", "true")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [json.loads(ln)["round"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+def _freeze(folder: Path, on: bool) -> None:
+    """Make the folder itself read-only, for root too (the immutable flag), or writable again; its files stay
+    writable."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i" if on else "-i", str(folder)], check=True)
+    else:
+        folder.chmod(0o555 if on else 0o755)
+
+
+def test_a_run_folder_made_read_only_mid_run_exits_74_in_one_line_then_resumes(tmp_path, monkeypatch):
+    """Issue 60: the final model's write failed (RunDirError), then removing the lock file raised PermissionError
+    over it: exit 1 (the README's "diverged"), two tracebacks."""
+    import threading
+
+    out, ready = tmp_path / "run", tmp_path / "ready"
+    monkeypatch.setenv("FEDLIGHT_FAULT", "train@2:hold")  # the run holds in round 2 until the folder is frozen
+    monkeypatch.setenv("FEDLIGHT_FAULT_READY", str(ready))
+
+    def freeze_when_held():
+        while not ready.exists():
+            time.sleep(0.02)
+        _freeze(out, True)
+        ready.unlink()
+
+    helper = threading.Thread(target=freeze_when_held, daemon=True)
+    helper.start()
+    try:
+        res = _fit("--out_dir", out, "--loop.rounds", 3, "--loop.save_every", 1)
+    finally:
+        helper.join(60)
+        _freeze(out, False)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 74 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert len([ln for ln in lines if "error" in ln]) == 1 and lines[-1].startswith(
+        f"fedlight fit: error: cannot write {out / 'final_model.pt'}: "), res.stderr[-3000:]
+    assert lines[-1].endswith(f"The last complete checkpoint is {out / 'checkpoints' / 'last.ckpt'} (round 3).")
+    monkeypatch.delenv("FEDLIGHT_FAULT", raising=False)  # (the hold took it)
+    again = _fit("--out_dir", out, "--loop.rounds", 3, "--resume", "auto")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (out / "final_model.pt").is_file() and not (out / ".fedlight.lock").exists()
+
+
+def test_a_lock_file_that_cannot_be_removed_is_exit_74_naming_it(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setenv("FEDLIGHT_FAULT", "write:.fedlight.lock:EROFS")
+    res = _fit("--out_dir", out, "--loop.rounds", 2, "--loop.save_every", 1)
+    assert res.returncode == 74 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"fedlight fit: error: cannot write {out / '.fedlight.lock'}: Read-only file system. Fix the folder (the lock "
+        f"file left there is taken over by the next run). The last complete checkpoint is "
+        f"{out / 'checkpoints' / 'last.ckpt'} (round 2).")
+    monkeypatch.delenv("FEDLIGHT_FAULT")
+    assert _fit("--out_dir", out, "--loop.rounds", 3, "--resume", "auto").returncode == 0  # the lock taken over
+
+
+@pytest.mark.parametrize("flags", [["--resume", "auto"], ["--overwrite", "true", "--resume", "auto"],
+                                   ["--overwrite", "true"], []])
+def test_a_users_per_round_log_is_never_deleted(tmp_path, flags):
+    """Issue 60: another tool's metrics.jsonl (first line a JSON object with a `round` key) was deleted, exit 0."""
+    out = tmp_path / "app"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"round": 1, "reward": 0.5}\n{"round": 2, "reward": 0.7}\n')
+    before = tree_hash(out)
+    res = _fit("--out_dir", out, "--loop.rounds", 1, *flags)
+    _refused(res, f"`out_dir` {out} holds a file named like fedlight's that fedlight did not write: metrics.jsonl (its "
+                  "content is not what fedlight writes); move it away or choose another `--out_dir`")
+    assert len([ln for ln in res.stderr.splitlines() if "error" in ln]) == 1, res.stderr
+    assert tree_hash(out) == before and sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
+
+
+def test_a_run_without_its_config_still_owns_its_metrics(tmp_path, done_run):
+    """The proof without config.yaml: the row an intact checkpoint carries; `--overwrite` clears the run."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(done_run, out)
+    (out / "config.yaml").unlink()
     res = _fit("--out_dir", out, "--loop.rounds", 1, "--overwrite", "true")
     assert res.returncode == 0, res.stderr[-3000:]
     assert [json.loads(ln)["round"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [1]

@@ -226,11 +226,17 @@ def test_a_damaged_metrics_file_is_refused_naming_the_missing_rounds(damage, mes
 
 
 # ------------------------------------------------------------------------------------------------ signals, kills
-def _paused(out: Path, rounds: int, point: str) -> subprocess.Popen:
-    """A real ``fedlight fit`` that waits at ``point`` (a fault point) for a stop signal; returned once it waits."""
+def _paused(out: Path, rounds: int, point: str, teardown: Path | None = None) -> subprocess.Popen:
+    """A real ``fedlight fit`` that waits at ``point`` (a fault point) for a stop signal; returned once it waits.
+    ``teardown``: a file an exit handler of the interpreter's teardown would write."""
     ready = out.parent / "ready"
     env = {**os.environ, "FEDLIGHT_FAULT": f"{point}:pause", "FEDLIGHT_FAULT_READY": str(ready)}
-    proc = subprocess.Popen(_cmd(out, rounds), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    cmd = _cmd(out, rounds)
+    if teardown is not None:
+        cmd = [sys.executable, "-c", f"import atexit, pathlib, runpy, sys; atexit.register(pathlib.Path("
+               f"{str(teardown)!r}).touch); sys.argv = ['fedlight', *{cmd[3:]!r}]; "
+               "runpy.run_module('fedlight.config.cli', run_name='__main__')"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     deadline = time.monotonic() + 300
     while not ready.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -244,7 +250,7 @@ def test_sigterm_during_data_setup_is_a_clean_stop_and_a_second_one_changes_noth
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)  # ignored: the stop is under way
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == 143, err
     assert err.strip().splitlines()[-1] == ("fedlight: stopped by SIGTERM during start-up, before any round; nothing "
                                             "is lost: run the same command again")
@@ -252,24 +258,27 @@ def test_sigterm_during_data_setup_is_a_clean_stop_and_a_second_one_changes_noth
 
 
 def test_the_process_ends_right_after_the_stop_line_and_a_second_signal_changes_nothing(tmp_path):
-    proc = _paused(tmp_path / "run", 4, "train@2")
+    """It leaves at its stop line: the interpreter's teardown (exit handlers, which may wait for worker processes)
+    never runs, whatever the machine's load (a bound on the seconds after the line failed on a loaded machine)."""
+    teardown = tmp_path / "teardown"
+    proc = _paused(tmp_path / "run", 4, "train@2", teardown)
     proc.send_signal(signal.SIGTERM)
     lines = []
     for line in proc.stderr:
         lines.append(line)
         if "stopped at round" in line:
-            seen = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             break
-    proc.wait(timeout=60)
+    lines += proc.stderr.readlines()  # nothing after the stop line
+    proc.wait(timeout=300)
     assert lines[-1] == "fedlight: stopped at round 2 by SIGTERM; continue with --resume auto\n", lines
-    assert proc.returncode == 143
-    assert time.monotonic() - seen < 2.0  # 0.2 s measured on an idle core; the bound leaves room for a loaded one
+    assert proc.returncode == 143 and not teardown.exists()
 
 
 def test_fit_called_from_python_returns_right_after_its_stop_line(tmp_path, monkeypatch):
     """Called as a library (``main([...])`` in the caller's own process, no ``os._exit``): the call returns as
-    soon as its stop line is out, with the stop status; the caller's interpreter goes on."""
+    soon as its stop line is out (its writer threads already ended), with the stop status; the caller's interpreter
+    goes on."""
     import threading
 
     ready, stamps = tmp_path / "ready", {}
@@ -281,8 +290,8 @@ def test_fit_called_from_python_returns_right_after_its_stop_line(tmp_path, monk
             self.inner = inner
 
         def write(self, text):
-            if "stopped at round" in text:
-                stamps.setdefault("line", time.monotonic())
+            if "stopped at round" in text:  # the run's threads, when the line is out
+                stamps.setdefault("line", {t.name for t in threading.enumerate()})
             return self.inner.write(text)
 
         def __getattr__(self, name):
@@ -298,9 +307,8 @@ def test_fit_called_from_python_returns_right_after_its_stop_line(tmp_path, monk
     callers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     threading.Thread(target=signal_when_paused, daemon=True).start()
     status = _fit(tmp_path / "run", 4)
-    returned = time.monotonic()
     assert status == 143 and "line" in stamps
-    assert returned - stamps["line"] < 0.5, returned - stamps["line"]
+    assert not [t for t in stamps["line"] if t.startswith("fedlight-")], stamps  # its writers ended before the line
     assert {sig: signal.getsignal(sig) for sig in callers} == callers  # the caller's Ctrl-C works again
     assert _rounds(tmp_path / "run") == [1, 2]
 
@@ -339,7 +347,7 @@ def test_verify_says_which_file_is_damaged(tmp_path, capsys):
 def _when_held(ready: Path, change) -> threading.Thread:
     """A thread that waits for a ``FEDLIGHT_FAULT=...:hold`` to be reached, calls ``change()`` and lets the run go."""
     def run():
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # a bound on a hang only
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         change()
@@ -373,7 +381,34 @@ def test_a_client_state_file_the_run_wrote_and_damaged_mid_run_is_one_line(tmp_p
     assert _rounds(out) == [1, 2]  # held in the third round (0-based 2)
 
 
-@pytest.mark.parametrize("copied", ["summary.json", "config.yaml", "final_model.pt", "checkpoints/prev.ckpt"])
+def test_the_advice_after_a_client_state_damaged_mid_run_is_the_one_that_works(tmp_path, capsys, monkeypatch):
+    """Issue 60: every state file damaged in round 3, both checkpoints name damaged files: the line said `--resume
+    auto`, which then refused. The advice is now checked against the checkpoints: here, start over."""
+    out, ready = tmp_path / "run", tmp_path / "ready"
+    monkeypatch.setenv("FEDLIGHT_FAULT", "train@2:hold")
+    monkeypatch.setenv("FEDLIGHT_FAULT_READY", str(ready))
+
+    def flip_every_state_file():
+        for f in (out / "client_state" / "rank0").glob("c*.bin"):
+            data = bytearray(f.read_bytes())
+            data[len(data) // 2] ^= 0x01
+            f.write_bytes(bytes(data))
+
+    helper = _when_held(ready, flip_every_state_file)
+    assert _fit(out, 3, "--loop.state_budget_mb", "0") == 2
+    helper.join(5)
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+    assert len(err) == 1 and err[0].endswith("`--resume auto` cannot continue: every checkpoint names a damaged "
+                                             "client-state file; put back an intact copy of the file, or start over "
+                                             "with `--overwrite true`"), err
+    monkeypatch.delenv("FEDLIGHT_FAULT", raising=False)
+    assert _fit(out, 3, "--loop.state_budget_mb", "0", "--resume", "auto") == 2  # as the line says
+    assert "the previous one is unusable too" in capsys.readouterr().err
+    assert _fit(out, 3, "--loop.state_budget_mb", "0", "--overwrite", "true") == 0  # what it advises
+
+
+@pytest.mark.parametrize("copied", ["summary.json", "config.yaml", "final_model.pt", "checkpoints/prev.ckpt",
+                                    "metrics.jsonl"])
 def test_verify_refuses_another_runs_sealed_file_copied_in(copied, two_runs, tmp_path, capsys):
     """Issue 50: each seal proved its own bytes only; the files of two runs of one recipe (another seed) are now
     bound to their run by the run identity config.yaml, summary.json and the checkpoints record, and final_model.pt
@@ -408,3 +443,38 @@ def test_verify_reports_a_missing_config_and_a_finished_runs_missing_summary(two
     assert "damaged  config.yaml: it is missing (every run writes it before round 1)" in lines, lines
     assert "damaged  summary.json: it is missing, though the run finished (it wrote final_model.pt)" in lines, lines
     assert lines[-1] == f"{out}: 2 damaged files"
+
+
+@pytest.mark.parametrize("gone, says", [
+    (["final_model.pt"], ["damaged  final_model.pt: it is missing, though summary.json records its seal"]),
+    (["metrics.jsonl"], ["damaged  metrics.jsonl: it is missing, though summary.json reports 2 rounds"]),
+    (["checkpoints/last.ckpt", "checkpoints/prev.ckpt"],
+     ["damaged  checkpoints/last.ckpt: it is missing (and prev.ckpt), though summary.json reports 2 rounds: every run "
+      "writes the checkpoint of its last round"]),
+    (["final_model.pt", "metrics.jsonl", "checkpoints/last.ckpt", "checkpoints/prev.ckpt"],
+     ["damaged  final_model.pt: it is missing", "damaged  metrics.jsonl: it is missing",
+      "damaged  checkpoints/last.ckpt: it is missing"])])
+def test_verify_reports_a_finished_runs_missing_files(gone, says, two_runs, tmp_path, capsys):
+    """Issue 60: a finished run without its final model, its metrics or its checkpoints verified."""
+    out = tmp_path / "run"
+    shutil.copytree(two_runs[0], out)
+    for name in gone:
+        (out / name).unlink()
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 2
+    lines = capsys.readouterr().out.strip().splitlines()
+    for needle in says:
+        assert any(ln.startswith(needle) for ln in lines), lines
+    assert lines[-1] == f"{out}: {len(says)} damaged file{'s' if len(says) > 1 else ''}", lines
+
+
+def test_verify_reports_a_duplicated_row(two_runs, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(two_runs[0], out)
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("\n".join([rows[0], rows[0], *rows[1:]]) + "\n")
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 2
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "damaged  metrics.jsonl: round 1 has more than one row (a run writes one per round)" in lines, lines
+

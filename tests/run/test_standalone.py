@@ -217,7 +217,7 @@ def test_the_unsealed_config_of_a_run_from_before_the_digests_is_sealed_at_resum
 # ------------------------------------------------------------------------------------------------ overwrite
 def test_overwrite_refuses_a_folder_that_is_not_a_run_and_leaves_foreign_files_of_a_run(finished, tmp_path, capsys):
     stray = tmp_path / "stray"
-    for name, text in {"metrics.jsonl": '{"round": 1}\n', "tb/notes.txt": "mine", "checkpoints/my.pt": "mine"}.items():
+    for name, text in {"tb/notes.txt": "mine", "checkpoints/my.pt": "mine"}.items():
         (stray / name).parent.mkdir(parents=True, exist_ok=True)
         (stray / name).write_text(text)
     before = _tree(stray)
@@ -225,6 +225,12 @@ def test_overwrite_refuses_a_folder_that_is_not_a_run_and_leaves_foreign_files_o
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"fedlight fit: error: `overwrite` refuses to clear {stray}: it holds "
                                                "no config.yaml and no checkpoint of a fedlight run"), err
+    assert _tree(stray) == before
+    (stray / "metrics.jsonl").write_text('{"round": 1}\n')  # a per-round log beside no fedlight run: not fedlight's
+    before = _tree(stray)
+    assert _fit(stray, 1, "--overwrite", "true") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "did not write: metrics.jsonl (its content is not what fedlight writes)" in err[0], err
     assert _tree(stray) == before
     run = tmp_path / "run"
     shutil.copytree(finished, run)

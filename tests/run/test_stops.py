@@ -78,12 +78,12 @@ def _stop(out, name, round, *extra):
     env = {**os.environ, "FEDLIGHT_FAULT": f"train@{round}:pause", "FEDLIGHT_FAULT_READY": str(ready)}
     proc = subprocess.Popen(_cmd(out, "--resume", "auto", *extra), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600  # a bound on a hang only (two processes on a loaded machine took over 120 s)
     while not (_lines(out) and ready.exists()):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
     proc.send_signal(getattr(signal, name))
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == 128 + getattr(signal, name), err
     return err
 
