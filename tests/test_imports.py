@@ -1,8 +1,9 @@
 """The package's face is light, and its layout is a clean stack: one path per module, no cycles, no upward import.
 
 A rule lifted into a custom Fabric script imports only the contract. Every import inside fedlight, the tests and
-the docs names the module's real path; the paths retired by the core/engine/config grouping still work for a
-user's old script, with a DeprecationWarning.
+the docs names the module's real path; the retired paths (of the core/engine/config grouping, and of lab/'s modules
+before its packages) still work for a user's old script, with a DeprecationWarning. lab/ is a package per family:
+tuning builds on tables, benchmarks and flatness stand alone, and nothing below lab/ imports it.
 """
 
 import ast
@@ -108,7 +109,7 @@ def test_every_import_names_a_real_module():
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
             elif module in SHORT and path.is_relative_to(PKG):
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports the short path {module}: use {SHORT[module]}")
-    retired = re.compile(r"(?:from|import)\s+fedlight\.(" + "|".join(MOVED) + r")\b(?!\.)")
+    retired = re.compile(r"(?:from|import)\s+fedlight\.(" + "|".join(map(re.escape, MOVED)) + r")\b(?!\.)")
     for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "recipes").rglob("*.md")]:
         for n, text in enumerate(path.read_text().splitlines(), 1):
             if retired.search(text):
@@ -161,6 +162,35 @@ def test_no_import_cycles_counting_in_function_imports():
     assert cycles == []
 
 
+LAB = {"tables": set(), "tuning": {"tables"}, "benchmarks": set(), "flatness": set()}
+"""lab/'s packages and the ones each may import: a study runs a table's cells (tuning on tables); the benchmarks and
+the flatness tools stand alone."""
+
+
+def test_nothing_below_lab_imports_it():
+    """The core, the CLI included, never imports the research tooling (the CLI names its commands as strings)."""
+    bad = [f"{module}:{line} imports {target}" for module, path in MODULES.items()
+           if module != "fedlight.lab" and not module.startswith("fedlight.lab.")
+           for line, target in _imports(path) if target == "fedlight.lab" or target.startswith("fedlight.lab.")]
+    assert bad == []
+
+
+def test_lab_is_a_package_per_family_importing_only_down():
+    if not all((PKG / "lab" / p / "__init__.py").is_file() for p in LAB):
+        pytest.skip("lab/ is not yet packages (the restructure of issue 61 runs when the branches are merged)")
+    lab = {m: p for m, p in MODULES.items() if m.startswith("fedlight.lab.")}
+    assert sorted(m for m in lab if m.split(".")[2] not in LAB) == []  # every module in its family's package
+    assert {m: _imports(p) for m, p in lab.items() if p.name == "__init__.py" and _imports(p)} == {}
+    bad = []
+    for module, path in lab.items():
+        mine = module.split(".")[2]
+        for line, target in _imports(path):
+            theirs = target.split(".")[2] if target.startswith("fedlight.lab.") else None
+            if theirs is not None and theirs != mine and theirs not in LAB[mine]:
+                bad.append(f"{module}:{line} ({mine}) imports {target} ({theirs})")
+    assert bad == []
+
+
 @pytest.mark.parametrize("package", ["core", "engine", "runners", "tasks"])
 def test_core_engine_runner_and_task_modules_stay_small(package):
     assert {str(p.relative_to(ROOT)): n for p in (PKG / package).rglob("*.py")
@@ -187,7 +217,7 @@ def test_retired_paths_are_the_moved_modules_with_a_warning():
             warnings.simplefilter("always")
             assert importlib.import_module(f"fedlight.{old}") is importlib.import_module(f"fedlight.{new}"), old
         assert any(f"fedlight.{new}" in str(w.message) for w in caught if w.category is DeprecationWarning), old
-        assert not (PKG / f"{old}.py").exists(), old
+        assert not PKG.joinpath(*old.split(".")).with_suffix(".py").exists(), old
     res = subprocess.run([sys.executable, "-m", "fedlight.cli", "ls", "tasks"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env=_env())
     assert res.returncode == 0 and "Regression" in res.stdout, res.stderr[-2000:]

@@ -187,7 +187,7 @@ def _print_summary(s: dict) -> None:
 
 
 def cmd_partition(argv: list[str]) -> int:
-    from fedlight.config.api import data_or_own
+    from fedlight.config.plan import data_or_own
     from fedlight.data import as_federated
 
     kwargs, _ = _parse("fedlight partition", argv)

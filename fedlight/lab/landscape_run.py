@@ -158,7 +158,7 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: 
     cfg = run_dir / "config.yaml"
     check(cfg.is_file(), f"{run_dir} is not a fedlight run directory (no config.yaml)")
     kwargs, _ = _parse("fedlight fit", ["--config", str(cfg)])
-    from fedlight.config.api import data_or_own
+    from fedlight.config.plan import data_or_own
     from fedlight.data import as_federated
 
     model, seed = kwargs["model"], int(kwargs.get("seed", 0))

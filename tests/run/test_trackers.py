@@ -157,7 +157,8 @@ def test_mlflow_unreachable_refused_and_store_lost_mid_run_recorded(mlflow_store
 def test_a_tracker_that_failed_mid_run_ends_its_mlflow_run_failed(mlflow_store, tmp_path, monkeypatch, capsys):
     import mlflow
 
-    from fedlight.run.trackers import Trackers, parse
+    from fedlight.run.tracker_entries import parse
+    from fedlight.run.trackers import Trackers
 
     out = tmp_path / "run"
     out.mkdir()
