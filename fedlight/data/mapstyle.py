@@ -204,7 +204,7 @@ class DataModuleClients(DatasetClients):
                  client_fn: Callable[[Any], Any] | None = None, num_classes: int | None = None) -> None:
         super().__init__(train=None, num_clients=num_clients, batch_size=batch_size or 1, partition=partition,
                          label_fn=label_fn, client_fn=client_fn, num_classes=num_classes)
-        self.datamodule, self._batch_size_given = _built(datamodule), batch_size
+        self.datamodule, self._batch_size_given = _own_or_built(datamodule), batch_size
         self._loaded = False
 
     def _datasets(self) -> tuple[Dataset, Dataset | None]:
@@ -236,6 +236,15 @@ class DataModuleClients(DatasetClients):
     def num_test(self) -> int:
         loader = self._test_loader()
         return len(loader.dataset) if hasattr(loader, "dataset") else 0
+
+
+def _own_or_built(spec: Any) -> Any:
+    """The datamodule built (:func:`_built`); a LightningModule that carries its own data hooks (Lightning's
+    ``imagenet.py``) as :class:`fedlight.tasks.lightning.ModuleData`, so its ``setup`` runs with ``self.trainer``."""
+    from fedlight.tasks.lightning.module_data import ModuleData, carries_data
+
+    built = _built(spec)
+    return ModuleData(built) if carries_data(built) else built
 
 
 def _built(spec: Any) -> Any:

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from fedlight.core import params as P
 from fedlight.core.params import in_stacked
-from fedlight.tasks.lightning.compat import note
+from fedlight.tasks.lightning.compat import note, overrides
 from fedlight.tasks.lightning.groups import optimizers_of
 from fedlight.tasks.lightning.logs import capture_logs
 
@@ -116,6 +116,8 @@ class ClientHooks:
         module.__dict__["optimizers"] = lambda use_pl_optimizer=True: opts[0] if len(opts) == 1 else opts
         module.__dict__["lr_schedulers"] = lambda: _schedulers(task, ctx)
         module.__dict__["manual_backward"] = self.manual_backward
+        module.__dict__.update({k: SchedulerView(v, ctx) for k, v in task.hidden.items()})
+        self.steps_itself = overrides(module, "optimizer_step") and not task.manual
         if not self.stacked:
             for opt in self.optimizers:
                 self._wrap_step(opt)
@@ -160,8 +162,13 @@ class ClientHooks:
             out, k = None, self.ctx.scratch.get("lightning_batch", 0)
             if not self.skip:  # training_step returned None: no optimizer step, as in Lightning
                 call_hook(self.module, "on_after_backward", sink=self.logs)
-                call_hook(self.module, "on_before_optimizer_step", optimizer, sink=self.logs)
-                out = step(*args, **kwargs)
+                if self.steps_itself:  # the module's optimizer_step, with the closure, as Lightning calls it
+                    view = StepView(optimizer, lambda: self._step(optimizer, step, *args, **kwargs))
+                    call_hook(self.module, "optimizer_step", self.task.trainer.current_epoch, k, view,
+                              lambda: self.outputs, sink=self.logs)
+                    out = view.out
+                else:
+                    out = self._step(optimizer, step, *args, **kwargs)
             if not self.task.manual:
                 call_hook(self.module, "on_train_batch_end", self.outputs, self.batch, k, sink=self.logs)
                 if k == self.ctx.num_steps - 1:
@@ -169,6 +176,10 @@ class ClientHooks:
             return out
 
         optimizer.step = hooked
+
+    def _step(self, optimizer: Any, step: Any, *args: Any, **kwargs: Any) -> Any:
+        call_hook(self.module, "on_before_optimizer_step", optimizer, sink=self.logs)
+        return step(*args, **kwargs)
 
     def end(self) -> None:
         """After the client's last step: ``on_train_epoch_end`` (once)."""
@@ -185,6 +196,27 @@ class ClientHooks:
                 note(self.ctx.fabric, said)
         self.task._train_logs(self.logs, self.ctx.scratch["lightning_logs"], self.ctx, final=True)
         self.logs.clear()
+
+
+class StepView:
+    """The optimizer an overridden ``optimizer_step`` gets: ``step(closure)`` calls the closure (it returns the loss
+    already computed) and takes the rule's step; anything else is the client's optimizer's."""
+
+    def __init__(self, optimizer: Any, step: Any) -> None:
+        self._optimizer, self._step, self.out = optimizer, step, None
+
+    @property
+    def optimizer(self) -> Any:
+        return self._optimizer
+
+    def step(self, closure: Any = None, **kwargs: Any) -> Any:
+        if closure is not None:
+            closure()
+        self.out = self._step()
+        return self.out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
 
 
 class SchedulerView:

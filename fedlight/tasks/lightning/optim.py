@@ -24,7 +24,7 @@ from fedlight.tasks.lightning.groups import ModuleOptimizers, describe
 from fedlight.tasks.lightning.hooks import call_hook
 from fedlight.tasks.lightning.loggers import RunLoggers
 from fedlight.tasks.lightning.module_data import own_data
-from fedlight.tasks.lightning.schedule import Schedule, read_configure_optimizers
+from fedlight.tasks.lightning.schedule import Schedule, hidden_schedulers, read_configure_optimizers
 from fedlight.tasks.lightning.trainer import FedTrainer, attach
 
 
@@ -53,6 +53,9 @@ def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, da
         return _said(fabric, loop, algorithm, None, f"{type(algorithm).__name__} prescribes its own local "
                      f"optimizer; {name}.configure_optimizers() is not used (read only for its param groups; nor its "
                      f"lr schedulers); {schedule}")
+    if getattr(task, "hidden", None):
+        note(fabric, f"{name}.{', '.join(task.hidden)}, stepped in its optimizer_step, is replayed per client step "
+                     "r·K+k as an `interval: \"step\"` scheduler (the step its optimizer_step takes there)")
     if task.schedule and (said := task.schedule.length_note(loop.rounds, task.trainer.num_training_batches)):
         note(fabric, said)
     first, group = optimizers[0], factory.groups[0]
@@ -66,7 +69,7 @@ def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, da
             "`loop.weight_decay` are not used")
     if not task.manual:
         _sgd_note(fabric, algorithm, first, group)
-    loop = dataclasses.replace(loop, lr=float(group["lr"]), weight_decay=float(group.get("weight_decay", 0.0)),
+    loop = dataclasses.replace(loop, lr=float(group["lr"] or group.get("initial_lr", 0.0)) or loop.lr, weight_decay=float(group.get("weight_decay", 0.0)),
                                momentum=0.0, lr_schedule=LRSchedule(), local_lr_schedule=in_round)
     hint = (f"the module's local optimizer {type(first).__name__} at lr {group['lr']:g} (from "
             f"{name}.configure_optimizers()) may be too large for {type(algorithm).__name__}; lower it there")
@@ -107,6 +110,7 @@ def _module_optimizers(task: Any, model, name: str) -> tuple[list, ModuleOptimiz
                           "and step each in training_step (`opt_a, opt_b = self.optimizers()`), or return one "
                           "optimizer with param groups")
     factory = ModuleOptimizers(model, optimizers)  # before any replay of the schedule changes an lr
+    configs = configs + hidden_schedulers(task, model, optimizers, configs, name)
     task.trainer.optimizers = optimizers
     task.trainer.lr_scheduler_configs = [SimpleNamespace(**c) for c in configs]
     task.schedule = Schedule(optimizers, configs)

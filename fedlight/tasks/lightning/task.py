@@ -60,6 +60,7 @@ class LightningTask(Task):
         self.round, self.steps = 0, 1
         self.optimization: LocalOptimization | None = None  # what local_optimization returned
         self.started = False  # on_fit_start was called
+        self.hidden: dict[str, Any] = {}  # schedulers an overridden optimizer_step steps, by attribute (.schedule)
         self.record: Any = None  # the run record (set by the driver): the module's self.logger writes there
 
     # ----------------------------------------------------------------------------------------- headline
@@ -116,7 +117,10 @@ class LightningTask(Task):
         """After the last round: ``on_fit_end``, then the stand-in trainer is detached."""
         if self.trainer is not None:
             self.trainer.at(self.round, (self.round + 1) * self.steps, "done")
+            call_hook(model, "on_train_end")
             call_hook(model, "on_fit_end")
+            call_hook(model, "teardown", "fit")
+            model.__dict__.update(self.hidden)
             attach(model, None)
 
     # ----------------------------------------------------------------------------------------- training

@@ -1,0 +1,133 @@
+"""Stand-ins for published Lightning code in its own idiom (issue 59): UvA-DL tutorial 5's warm-up stepped in
+``optimizer_step``, tutorial 12's ProtoNet batches from a ``batch_sampler``, the tutorials' GAN logging images in
+``on_validation_epoch_end``, ``configure_callbacks``, several test loaders and hooks that create state."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from lit import LitMLP, blobs
+from torch import optim
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class CosineWarmupScheduler(optim.lr_scheduler._LRScheduler):
+    """UvA-DL tutorial 5's scheduler: linear warm-up, then cosine, per iteration."""
+
+    def __init__(self, optimizer, warmup, max_iters):
+        self.warmup, self.max_num_iters = warmup, max_iters
+        super().__init__(optimizer)
+
+    def get_lr(self):
+        return [base_lr * self.get_lr_factor(epoch=self.last_epoch) for base_lr in self.base_lrs]
+
+    def get_lr_factor(self, epoch):
+        lr_factor = 0.5 * (1 + math.cos(math.pi * epoch / self.max_num_iters))
+        if epoch <= self.warmup:
+            lr_factor *= epoch * 1.0 / self.warmup
+        return lr_factor
+
+
+class WarmupTransformer(LitMLP):
+    """Tutorial 5's idiom: the scheduler is kept on the module and stepped per iteration in ``optimizer_step``
+    (it is not returned by ``configure_optimizers``, so the optimizer's lr starts at 0)."""
+
+    def __init__(self, lr: float = 3e-2, warmup: int = 3, max_iters: int = 50):
+        super().__init__(lr=lr)
+        self.warmup, self.max_iters, self.lrs = warmup, max_iters, []
+
+    def configure_optimizers(self):
+        optimizer = optim.Adam(self.parameters(), lr=self.lr)
+        self.lr_scheduler = CosineWarmupScheduler(optimizer, warmup=self.warmup, max_iters=self.max_iters)
+        return optimizer
+
+    def optimizer_step(self, *args, **kwargs):
+        super().optimizer_step(*args, **kwargs)
+        self.lr_scheduler.step()  # Step per iteration
+        self.lrs.append(self.lr_scheduler.get_last_lr()[0])
+
+
+class Compiled(LitMLP):
+    """The Lightning docs' ``torch.compile(model)`` on a module with SGD momentum 0.9 that logs."""
+
+    def __init__(self):
+        super().__init__(momentum=0.9)
+
+
+class StartState(LitMLP):
+    """Valid code that needs the start hooks: state created in ``on_fit_start`` / ``on_train_start`` /
+    ``on_train_epoch_start`` / ``on_train_batch_start`` and read in ``training_step``; records every hook call."""
+
+    def __init__(self):
+        super().__init__(momentum=0.0)
+        self.order: list[str] = []
+
+    def on_fit_start(self):
+        self.order.append("on_fit_start")
+        self.scale = 1.0
+
+    def on_train_start(self):
+        self.order.append("on_train_start")
+        self.seen_batches = 0
+
+    def on_train_epoch_start(self):
+        self.order.append("on_train_epoch_start")
+        self.epoch_losses = []
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self.order.append("on_train_batch_start")
+        self.seen_batches += 1
+
+    def training_step(self, batch, batch_idx):
+        self.order.append("training_step")
+        x, y = batch
+        loss = F.cross_entropy(self(x), y) * self.scale
+        self.epoch_losses.append(loss.detach())
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.order.append("on_train_batch_end")
+
+    def on_train_epoch_end(self):
+        self.order.append("on_train_epoch_end")
+
+    def on_train_end(self):
+        self.order.append("on_train_end")
+
+    def on_fit_end(self):
+        self.order.append("on_fit_end")
+
+
+class TwoTestSets(LitMLP):
+    """Two test loaders (an in-distribution and a shifted set): ``test_step(batch, batch_idx, dataloader_idx=0)``."""
+
+    def test_step(self, batch, batch_idx, dataloader_idx=0):
+        x, y = batch
+        self.log("test_loss", F.cross_entropy(self(x), y), batch_size=len(y))
+        self.log("test_acc", (self(x).argmax(-1) == y).double().mean(), batch_size=len(y))
+
+
+class TwoTestData:
+    """A LightningDataModule's shape with two test loaders."""
+
+    @staticmethod
+    def make():
+        import lightning.pytorch as pl
+
+        class Data(pl.LightningDataModule):
+            def setup(self, stage):
+                x, y = blobs(40, seed=1)
+                self.train = TensorDataset(x, y)
+                self.train.targets = y
+                self.near, self.far = TensorDataset(*blobs(20, seed=2)), TensorDataset(*blobs(12, seed=3))
+                self.far.tensors = (self.far.tensors[0] + 2.0, self.far.tensors[1])
+
+            def train_dataloader(self):
+                return DataLoader(self.train, batch_size=5, shuffle=True)
+
+            def test_dataloader(self):
+                return [DataLoader(self.near, batch_size=8), DataLoader(self.far, batch_size=5)]
+
+        return Data()
