@@ -131,3 +131,18 @@ class TwoTestData:
                 return [DataLoader(self.near, batch_size=8), DataLoader(self.far, batch_size=5)]
 
         return Data()
+
+
+class Saved(LitMLP):
+    """``save_hyperparameters()`` and ``on_save_checkpoint``, as a module that is reloaded with
+    ``load_from_checkpoint`` is written."""
+
+    def __init__(self, hidden: int = 16, lr: float = 0.2):
+        super().__init__(lr=lr)
+        self.save_hyperparameters()
+
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["vocabulary"] = ["a", "b"]
+
+    def on_load_checkpoint(self, checkpoint):
+        self.vocabulary = checkpoint["vocabulary"]

@@ -50,3 +50,34 @@ def test_a_module_carrying_its_data_wrapped_in_datamodule_clients_chooses_the_pa
     summary = fedlight.fit(model, data, loop=loop, out_dir=str(tmp_path / "run"))
     assert summary["rounds_completed"] == 1 and data.num_clients == 4
     assert [s[0] for s in model.seen_setup].count("fit") == 1  # setup once per stage, with self.trainer
+
+
+def test_start_hooks_run_before_the_one_batch_check_and_every_hook_in_the_trainers_order(tmp_path):
+    ours, theirs = StartState(), StartState()
+    theirs.load_state_dict(ours.state_dict())
+    _fit1(tmp_path, ours)  # the check of one batch needs on_fit_start's self.scale and the others' state
+    trainer_fit(theirs, client_batches(_one_client(), K))
+    assert ours.order == theirs.order  # each hook once, in the Trainer's order, on the module that trains
+    assert ours.order[:4] == ["on_fit_start", "on_train_start", "on_train_epoch_start", "on_train_batch_start"]
+    assert ours.order[-3:] == ["on_train_epoch_end", "on_train_end", "on_fit_end"]
+    assert ours.seen_batches == K
+
+
+def test_final_model_ckpt_loads_with_load_from_checkpoint_as_the_same_model_and_is_sealed(tmp_path):
+    from lit_faithful import Saved
+
+    from fedlight.run.verify import check_run
+
+    _fit1(tmp_path, Saved(lr=0.1))
+    path = tmp_path / "run" / "final_model.ckpt"
+    loaded = Saved.load_from_checkpoint(path)  # Lightning's own loader: no KeyError 'pytorch-lightning_version'
+    assert loaded.hparams.lr == 0.1 and loaded.vocabulary == ["a", "b"]
+    raw = torch.load(path, weights_only=False)["state_dict"]
+    for k, v in _final(tmp_path).items():  # the final model (trained in 64-true; loaded in the module's float32)
+        torch.testing.assert_close(raw[k], v, rtol=0, atol=0)
+        torch.testing.assert_close(loaded.state_dict()[k], v.to(loaded.state_dict()[k].dtype), rtol=0, atol=0)
+    assert ("ok", "final_model.ckpt", "") in check_run(tmp_path / "run")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert any(f[:2] == ("damaged", "final_model.ckpt") for f in check_run(tmp_path / "run"))

@@ -117,6 +117,10 @@ class LightningTask(Task):
         """After the last round: ``on_fit_end``, then the stand-in trainer is detached."""
         if self.trainer is not None:
             self.trainer.at(self.round, (self.round + 1) * self.steps, "done")
+            if self.record is not None and self.trainer.is_global_zero:
+                from fedlight.tasks.lightning import checkpoint
+
+                checkpoint.write(self.module, self.record.out, self.round, self.trainer.global_step)
             call_hook(model, "on_train_end")
             call_hook(model, "on_fit_end")
             call_hook(model, "teardown", "fit")
