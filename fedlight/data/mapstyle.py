@@ -141,10 +141,18 @@ class DatasetClients(FederatedDataModule):
         for start, end in bounds:
             yield self._to_device(self.collate_fn([train[i] for i in rows[start:end]]))
 
+    test_loader_index: int | None = None
+    """While :meth:`test_batches` yields from one of several test loaders, its index (Lightning's
+    ``dataloader_idx``), else ``None``."""
+
     def test_batches(self) -> Iterator[Any]:
         self._require_setup()
-        for batch in self._test_loader():
-            yield self._to_device(batch)
+        loaders = _loaders(self._test_loader())
+        for idx, loader in enumerate(loaders):
+            for batch in loader:
+                self.test_loader_index = idx if len(loaders) > 1 else None
+                yield self._to_device(batch)
+        self.test_loader_index = None
 
     def _to_device(self, batch: Any) -> Any:
         from lightning.fabric.utilities.apply_func import move_data_to_device
@@ -234,8 +242,16 @@ class DataModuleClients(DatasetClients):
 
     @property
     def num_test(self) -> int:
-        loader = self._test_loader()
-        return len(loader.dataset) if hasattr(loader, "dataset") else 0
+        return sum(len(lo.dataset) for lo in _loaders(self._test_loader()) if hasattr(lo, "dataset"))
+
+
+def _loaders(found: Any) -> list:
+    """The test loaders: one, or each of a list, tuple or dict of them (several test sets, as Lightning takes)."""
+    if isinstance(found, dict):
+        return list(found.values())
+    if isinstance(found, (list, tuple)) and found and all(hasattr(lo, "dataset") for lo in found):
+        return list(found)
+    return [found]
 
 
 def _own_or_built(spec: Any) -> Any:

@@ -146,3 +146,29 @@ class Saved(LitMLP):
 
     def on_load_checkpoint(self, checkpoint):
         self.vocabulary = checkpoint["vocabulary"]
+
+
+def _gan():
+    from lit_gan import TinyGAN
+
+    class ValidatedGAN(TinyGAN):
+        """The tutorials' basic GAN: samples logged in ``training_step`` and, from a fixed ``validation_z``, in
+        ``on_validation_epoch_end``; ``validation_step`` does nothing."""
+
+        def __init__(self):
+            super().__init__()
+            self.validation_z = torch.randn(4, self.hparams.latent)
+
+        def training_step(self, batch):
+            z = torch.randn(2, self.hparams.latent).type_as(batch[0])
+            self.logger.experiment.add_image("train/generated_images", self(z)[0], self.current_epoch)
+            return super().training_step(batch)
+
+        def validation_step(self, batch, batch_idx):
+            pass
+
+        def on_validation_epoch_end(self):
+            z = self.validation_z.type_as(self.generator[0].weight)
+            self.logger.experiment.add_image("validation/generated_images", self(z)[0], self.current_epoch)
+
+    return ValidatedGAN()

@@ -81,3 +81,34 @@ def test_final_model_ckpt_loads_with_load_from_checkpoint_as_the_same_model_and_
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     assert any(f[:2] == ("damaged", "final_model.ckpt") for f in check_run(tmp_path / "run"))
+
+
+def test_every_test_loader_is_evaluated_and_logged_with_lightnings_dataloader_idx_names(tmp_path):
+    ours, theirs = TwoTestSets(), TwoTestSets()
+    theirs.load_state_dict(ours.state_dict())
+    data = DataModuleClients(TwoTestData.make(), num_clients=1)
+    loop = LoopConfig(rounds=1, clients_per_round=1, local_steps=K, progress=False)
+    summary = fedlight.fit(ours, data, loop=loop, precision="64-true", out_dir=str(tmp_path / "run"))
+    dm = TwoTestData.make()
+    dm.setup("test")
+    trainer_fit(theirs, client_batches(DataModuleClients(TwoTestData.make(), num_clients=1), K))
+    import lightning.pytorch as pl
+
+    expected = pl.Trainer(accelerator="cpu", precision="64-true", logger=False, enable_progress_bar=False,
+                          enable_model_summary=False).test(theirs, dm.test_dataloader(), verbose=False)
+    expected = {k: v for d in expected for k, v in d.items()}
+    assert set(expected) == {f"test_{m}/dataloader_idx_{i}" for m in ("loss", "acc") for i in (0, 1)}
+    for k, v in expected.items():
+        assert summary[f"final_{k}"] == pytest.approx(v, rel=1e-12, abs=1e-12)
+
+
+def test_validation_epoch_hooks_follow_each_rounds_evaluation_and_training_images_come_from_training(tmp_path):
+    from lit_faithful import _gan
+    from lit_gan import TinyImages
+    from test_lightning_trainer import _events
+
+    loop = LoopConfig(rounds=2, clients_per_round=2, local_steps=3, progress=False)
+    fedlight.fit(_gan(), DataModuleClients(TinyImages(), num_clients=2), loop=loop, out_dir=str(tmp_path / "run"))
+    events = _events(tmp_path / "run")
+    assert [e.step for e in events.Images("validation/generated_images")] == [0, 1]  # after each round's evaluation
+    assert len(events.Images("train/generated_images")) == 2 * 2 * 3  # rounds × clients × steps: training only

@@ -69,7 +69,8 @@ def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, da
             "`loop.weight_decay` are not used")
     if not task.manual:
         _sgd_note(fabric, algorithm, first, group)
-    loop = dataclasses.replace(loop, lr=float(group["lr"] or group.get("initial_lr", 0.0)) or loop.lr, weight_decay=float(group.get("weight_decay", 0.0)),
+    lr = float(group["lr"] or group.get("initial_lr", 0.0)) or loop.lr  # a scheduler's warm-up may start at 0
+    loop = dataclasses.replace(loop, lr=lr, weight_decay=float(group.get("weight_decay", 0.0)),
                                momentum=0.0, lr_schedule=LRSchedule(), local_lr_schedule=in_round)
     hint = (f"the module's local optimizer {type(first).__name__} at lr {group['lr']:g} (from "
             f"{name}.configure_optimizers()) may be too large for {type(algorithm).__name__}; lower it there")

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from fedlight.errors import ConfigError
-from fedlight.tasks.lightning.compat import module_name, note, overrides
+from fedlight.tasks.lightning.compat import is_lightning_module, module_name, note, overrides
 from fedlight.tasks.lightning.errors import guard_user as guard
 from fedlight.tasks.lightning.hooks import frozen
 from fedlight.tasks.lightning.logs import capture_logs
@@ -76,10 +76,14 @@ def _copy(task: Any, model) -> Any:
     import copy
 
     try:
-        return copy.deepcopy(model, {id(task.trainer): task.trainer})
+        copied = copy.deepcopy(model, {id(task.trainer): task.trainer})
     except Exception:  # noqa: BLE001 - a module holding something that cannot be copied: its hooks run on itself
         task.started = True
         return model
+    module = getattr(copied, "_fedlight_module", copied)
+    if task.trainer is not None and is_lightning_module(module):  # Lightning does not copy its trainer
+        module.trainer = task.trainer
+    return copied
 
 
 def _reset_metrics(model) -> None:
