@@ -172,3 +172,29 @@ def _gan():
             self.logger.experiment.add_image("validation/generated_images", self(z)[0], self.current_epoch)
 
     return ValidatedGAN()
+
+
+class WithCallbacks(LitMLP):
+    """``configure_callbacks`` as the Lightning docs write it."""
+
+    def configure_callbacks(self):
+        from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
+
+        return [EarlyStopping(monitor="val_acc", mode="max"), ModelCheckpoint(monitor="val_loss"),
+                LearningRateMonitor(logging_interval="step")]
+
+
+class OwnCallback(LitMLP):
+    def configure_callbacks(self):
+        from lightning.pytorch.callbacks import Callback
+
+        class Printer(Callback):
+            def on_train_epoch_end(self, trainer, pl_module):
+                print("epoch done")
+
+        return Printer()
+
+
+class Clipping(LitMLP):
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        self.clip_gradients(optimizer, gradient_clip_val=0.5, gradient_clip_algorithm="norm")

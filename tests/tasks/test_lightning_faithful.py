@@ -112,3 +112,21 @@ def test_validation_epoch_hooks_follow_each_rounds_evaluation_and_training_image
     events = _events(tmp_path / "run")
     assert [e.step for e in events.Images("validation/generated_images")] == [0, 1]  # after each round's evaluation
     assert len(events.Images("train/generated_images")) == 2 * 2 * 3  # rounds × clients × steps: training only
+
+
+def test_configure_callbacks_each_said_at_round_level_and_others_refused_before_round_1(tmp_path, capsys):
+    from lit_faithful import Clipping, OwnCallback, WithCallbacks
+
+    from fedlight.errors import ConfigError
+
+    _fit1(tmp_path, WithCallbacks())
+    out = "".join(capsys.readouterr())
+    assert "WithCallbacks.configure_callbacks() EarlyStopping: not applied: a client's epoch is a few local" in out
+    assert "ModelCheckpoint: fedlight writes RUN/checkpoints/last.ckpt" in out
+    assert "LearningRateMonitor: the lr of each round's first local step is the `lr` column" in out
+    assert "lr" in json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    with pytest.raises(ConfigError, match=r"returns Printer, whose hooks fedlight does not call"):
+        _fit1(tmp_path, OwnCallback(), "own")
+    with pytest.raises(ConfigError, match=r"Clipping.configure_gradient_clipping: fedlight clips by "
+                                          r"`loop.max_grad_norm`"):
+        _fit1(tmp_path, Clipping(), "clip")

@@ -152,7 +152,11 @@ class ClientHooks:
         call_hook(self.module, "on_train_batch_start", batch, k, sink=self.logs)
 
     def before_backward(self, loss: Tensor) -> None:
+        """``on_before_zero_grad`` (automatic optimisation: fedlight zeroes the gradients then) and
+        ``on_before_backward``, as Lightning's closure calls them after ``training_step``."""
         if not self.stacked:
+            if not self.task.manual:
+                call_hook(self.module, "on_before_zero_grad", self.optimizers[0], sink=self.logs)
             call_hook(self.module, "on_before_backward", loss, sink=self.logs)
 
     def _wrap_step(self, optimizer: torch.optim.Optimizer) -> None:
