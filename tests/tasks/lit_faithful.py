@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import torch
 from lit import LitMLP, blobs
@@ -198,3 +199,102 @@ class OwnCallback(LitMLP):
 class Clipping(LitMLP):
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
         self.clip_gradients(optimizer, gradient_clip_val=0.5, gradient_clip_algorithm="norm")
+
+
+class FewShotBatchSampler:
+    """UvA-DL tutorial 12's sampler: each batch is ``N_way`` classes × ``K_shot`` examples (twice, support then
+    query, with ``include_query``)."""
+
+    def __init__(self, dataset_targets, N_way, K_shot, include_query=False, shuffle=True, shuffle_once=False):
+        import numpy as np
+
+        self.dataset_targets, self.N_way, self.K_shot = dataset_targets, N_way, K_shot
+        self.shuffle, self.include_query = shuffle, include_query
+        if self.include_query:
+            self.K_shot *= 2
+        self.batch_size = self.N_way * self.K_shot
+        self.classes = torch.unique(self.dataset_targets).tolist()
+        self.num_classes = len(self.classes)
+        self.indices_per_class, self.batches_per_class = {}, {}
+        for c in self.classes:
+            self.indices_per_class[c] = torch.where(self.dataset_targets == c)[0]
+            self.batches_per_class[c] = self.indices_per_class[c].shape[0] // self.K_shot
+        self.iterations = sum(self.batches_per_class.values()) // self.N_way
+        self.class_list = [c for c in self.classes for _ in range(self.batches_per_class[c])]
+        if shuffle_once or self.shuffle:
+            self.shuffle_data()
+        else:
+            sort_idxs = [i + p * self.num_classes for i, c in enumerate(self.classes)
+                         for p in range(self.batches_per_class[c])]
+            self.class_list = np.array(self.class_list)[np.argsort(sort_idxs)].tolist()
+
+    def shuffle_data(self):
+        import random
+
+        for c in self.classes:
+            perm = torch.randperm(self.indices_per_class[c].shape[0])
+            self.indices_per_class[c] = self.indices_per_class[c][perm]
+        random.shuffle(self.class_list)
+
+    def __iter__(self):
+        from collections import defaultdict
+
+        if self.shuffle:
+            self.shuffle_data()
+        start_index = defaultdict(int)
+        for it in range(self.iterations):
+            class_batch = self.class_list[it * self.N_way:(it + 1) * self.N_way]
+            index_batch = []
+            for c in class_batch:
+                index_batch.extend(self.indices_per_class[c][start_index[c]:start_index[c] + self.K_shot])
+                start_index[c] += self.K_shot
+            if self.include_query:
+                index_batch = index_batch[::2] + index_batch[1::2]
+            yield index_batch
+
+    def __len__(self):
+        return self.iterations
+
+
+class ProtoNet(LitMLP):
+    """Tutorial 12's ProtoNet: prototypes from the batch's support half classify its query half."""
+
+    def __init__(self):
+        super().__init__(classes=8, momentum=0.0)
+        self.support_classes: list = []
+
+    def training_step(self, batch, batch_idx):
+        imgs, targets = batch
+        features = self(imgs)
+        support_feats, query_feats = features.chunk(2, dim=0)
+        support_targets, query_targets = targets.chunk(2, dim=0)
+        classes = torch.unique(support_targets)
+        self.support_classes.append(sorted(support_targets.tolist()) == sorted(query_targets.tolist()))
+        prototypes = torch.stack([support_feats[support_targets == c].mean(0) for c in classes])
+        labels = (classes[None, :] == query_targets[:, None]).float().argmax(-1)
+        logits = -torch.cdist(query_feats, prototypes) ** 2
+        loss = F.cross_entropy(logits, labels)
+        self.log("acc", (logits.argmax(-1) == labels).float().mean())
+        return loss
+
+
+def few_shot_data(shuffle: bool = True):
+    import lightning.pytorch as pl
+
+    class FewShot(pl.LightningDataModule):
+        def setup(self, stage):
+            x, y = blobs(96, classes=8, seed=4)
+            self.train = TensorDataset(x, y)
+            self.train.targets = y
+            self.test = TensorDataset(*blobs(16, classes=8, seed=5))
+
+        def train_dataloader(self):
+            torch.manual_seed(0)  # shuffled once, at construction, identically for both runs
+            random.seed(0)
+            return DataLoader(self.train, batch_sampler=FewShotBatchSampler(
+                self.train.targets, N_way=4, K_shot=2, include_query=True, shuffle=shuffle, shuffle_once=True))
+
+        def test_dataloader(self):
+            return DataLoader(self.test, batch_size=8)
+
+    return FewShot()

@@ -130,3 +130,30 @@ def test_configure_callbacks_each_said_at_round_level_and_others_refused_before_
     with pytest.raises(ConfigError, match=r"Clipping.configure_gradient_clipping: fedlight clips by "
                                           r"`loop.max_grad_norm`"):
         _fit1(tmp_path, Clipping(), "clip")
+
+
+def test_a_loaders_batch_sampler_makes_the_batches_as_in_lightnings_trainer(tmp_path):
+    from lit_faithful import ProtoNet, few_shot_data
+
+    from fedlight.errors import ConfigError
+
+    ours, theirs = ProtoNet(), ProtoNet()
+    theirs.load_state_dict(ours.state_dict())
+    dm = few_shot_data(shuffle=False)
+    dm.setup("fit")
+    steps = len(dm.train_dataloader())  # one epoch of the sampler (5 batches)
+    loop = LoopConfig(rounds=1, clients_per_round=1, local_steps=steps, progress=False)
+    fedlight.fit(ours, DataModuleClients(few_shot_data(shuffle=False), num_clients=1), loop=loop,
+                 precision="64-true", out_dir=str(tmp_path / "run"))
+    trainer_fit(theirs, [tuple(t.double() if t.is_floating_point() else t for t in b) for b in dm.train_dataloader()])
+    for k, v in theirs.state_dict().items():
+        torch.testing.assert_close(_final(tmp_path)[k], v, rtol=0, atol=1e-12)
+    assert ours.support_classes == [True] * steps  # support and query of the same 4 classes in every batch
+    shuffled = ProtoNet()
+    fedlight.fit(shuffled, DataModuleClients(few_shot_data(), num_clients=1), loop=loop, out_dir=str(tmp_path / "s"))
+    assert shuffled.support_classes == [True] * steps
+    with pytest.raises(ConfigError, match=r"draws its batches with its batch_sampler \(FewShotBatchSampler\) over the "
+                                          r"whole train set, which fedlight follows for one client and cannot split "
+                                          r"over 4: set `num_clients: 1`"):
+        fedlight.fit(ProtoNet(), DataModuleClients(few_shot_data(), num_clients=4), loop=loop,
+                     out_dir=str(tmp_path / "four"))
