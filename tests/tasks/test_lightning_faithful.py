@@ -157,3 +157,15 @@ def test_a_loaders_batch_sampler_makes_the_batches_as_in_lightnings_trainer(tmp_
                                           r"over 4: set `num_clients: 1`"):
         fedlight.fit(ProtoNet(), DataModuleClients(few_shot_data(), num_clients=4), loop=loop,
                      out_dir=str(tmp_path / "four"))
+
+
+def test_on_train_batch_start_returning_minus_one_ends_the_clients_round_as_the_trainer_ends_the_epoch(tmp_path):
+    from lit_faithful import CutShort
+
+    ours, theirs = CutShort(), CutShort()
+    theirs.load_state_dict(ours.state_dict())
+    _fit1(tmp_path, ours)
+    trainer_fit(theirs, client_batches(_one_client(), K))
+    assert ours.order == theirs.order and ours.order.count("training_step") == 2
+    for k, v in theirs.state_dict().items():
+        torch.testing.assert_close(_final(tmp_path)[k], v, rtol=0, atol=1e-12)

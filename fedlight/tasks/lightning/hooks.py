@@ -143,13 +143,18 @@ class ClientHooks:
             for opt in self.optimizers:
                 ctx.fabric.strategy.precision.unscale_gradients(opt)
 
-    def before_step(self, batch: Any, k: int) -> None:
-        """Before ``training_step`` of local step ``k`` (once per step, even when a rule evaluates it twice)."""
-        if self.stacked or self.ctx.scratch.get("lightning_batch") == k:
-            return
-        self.ctx.scratch["lightning_batch"] = k
+    def before_step(self, batch: Any, k: int) -> bool:
+        """Before ``training_step`` of local step ``k`` (once per step, even when a rule evaluates it twice); True
+        once ``on_train_batch_start`` has returned -1: Lightning then skips the rest of the epoch, so the client's
+        remaining steps take no optimizer step and call no batch hook."""
+        scratch = self.ctx.scratch
+        if self.stacked or scratch.get("lightning_batch") == k or scratch.get("lightning_cut"):
+            return bool(scratch.get("lightning_cut"))
+        scratch["lightning_batch"] = k
         self.skip, self.batch, self.outputs = False, batch, None
-        call_hook(self.module, "on_train_batch_start", batch, k, sink=self.logs)
+        if call_hook(self.module, "on_train_batch_start", batch, k, sink=self.logs) == -1:
+            scratch["lightning_cut"] = True
+        return bool(scratch.get("lightning_cut"))
 
     def before_backward(self, loss: Tensor) -> None:
         """``on_before_zero_grad`` (automatic optimisation: fedlight zeroes the gradients then) and
@@ -163,7 +168,8 @@ class ClientHooks:
         step = optimizer.step
 
         def hooked(*args: Any, **kwargs: Any) -> Any:
-            out, k = None, self.ctx.scratch.get("lightning_batch", 0)
+            scratch = self.ctx.scratch
+            out, k = None, self.ctx.step_index if scratch.get("lightning_cut") else scratch.get("lightning_batch", 0)
             if not self.skip:  # training_step returned None: no optimizer step, as in Lightning
                 call_hook(self.module, "on_after_backward", sink=self.logs)
                 if self.steps_itself:  # the module's optimizer_step, with the closure, as Lightning calls it
@@ -174,7 +180,8 @@ class ClientHooks:
                 else:
                     out = self._step(optimizer, step, *args, **kwargs)
             if not self.task.manual:
-                call_hook(self.module, "on_train_batch_end", self.outputs, self.batch, k, sink=self.logs)
+                if not self.ctx.scratch.get("lightning_cut"):
+                    call_hook(self.module, "on_train_batch_end", self.outputs, self.batch, k, sink=self.logs)
                 if k == self.ctx.num_steps - 1:
                     self.end()
             return out

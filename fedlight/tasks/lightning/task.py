@@ -158,7 +158,8 @@ class LightningTask(Task):
                 set_lrs(ctx.optimizer, self.schedule.lrs(ctx.round, k, K))
             if hooks is not None:
                 trainer.global_step, trainer.is_last_batch = ctx.round * K + k, k == K - 1
-                hooks.before_step(batch, k)
+                if hooks.before_step(batch, k):  # on_train_batch_start returned -1: the client's round is over
+                    return self._skipped(ctx, hooks)
             with capture_logs(module) as logs, hooks.trainer_optimizers() if hooks is not None else nullcontext():
                 loss = self.objective(model, batch, k)
             if loss is None:
