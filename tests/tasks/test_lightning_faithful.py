@@ -130,6 +130,15 @@ def test_configure_callbacks_each_said_at_round_level_and_others_refused_before_
     with pytest.raises(ConfigError, match=r"Clipping.configure_gradient_clipping: fedlight clips by "
                                           r"`loop.max_grad_norm`"):
         _fit1(tmp_path, Clipping(), "clip")
+    from lit import BlobsDataModule
+
+    class Augmenting(BlobsDataModule):
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            return batch[0] * 2, batch[1]
+
+    with pytest.raises(ConfigError, match=r"Augmenting.on_after_batch_transfer: fedlight moves the batches"):
+        fedlight.fit(WithCallbacks(), Augmenting(), loop=LoopConfig(rounds=1, clients_per_round=1, local_steps=1),
+                     out_dir=str(tmp_path / "aug"))
 
 
 def test_a_loaders_batch_sampler_makes_the_batches_as_in_lightnings_trainer(tmp_path):

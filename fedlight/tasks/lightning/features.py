@@ -43,12 +43,16 @@ NOTED = {
 }
 
 
-def check(model: Any, fabric: Any, by_test_step: bool) -> None:
-    """Refuse the first overridden method fedlight cannot run as Lightning does; note the others once each."""
+def check(model: Any, fabric: Any, by_test_step: bool, datamodule: Any = None) -> None:
+    """Refuse the first overridden method fedlight cannot run as Lightning does (of the module, or of its
+    LightningDataModule's batch-transfer hooks); note the others once each."""
     name = module_name(model)
     for method, why in [*REFUSED.items(), *((m, REFUSED[s]) for m, s in SAME_AS.items())]:
         if overrides(model, method):
             raise ConfigError(f"{name}.{method}: {why}")
+    for method in ("transfer_batch_to_device", "on_before_batch_transfer", "on_after_batch_transfer"):
+        if datamodule is not None and overrides(datamodule, method):
+            raise ConfigError(f"{type(datamodule).__name__}.{method}: {REFUSED['transfer_batch_to_device']}")
     for method, what in NOTED.items():
         if overrides(model, method):
             note(fabric, f"{name}: {what}")

@@ -36,7 +36,7 @@ def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, da
 
     name = module_name(model)
     _prepare(task, fabric, model, loop, data, name)
-    features.check(model, fabric, overrides(model, "test_step"))  # nothing it overrides is skipped in silence
+    features.check(model, fabric, overrides(model, "test_step"), getattr(data, "datamodule", None))  # no silence
     task.manual = not model.automatic_optimization
     clip = None if loop.max_grad_norm == "auto" else loop.max_grad_norm
     loop = dataclasses.replace(loop, max_grad_norm=clip)
