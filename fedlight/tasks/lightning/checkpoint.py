@@ -1,12 +1,11 @@
 """``RUN/final_model.ckpt``: the final global model as a checkpoint Lightning's ``LightningModule.load_from_checkpoint``
 loads (the keys Lightning's own checkpoints carry: ``pytorch-lightning_version``, ``state_dict``,
 ``hyper_parameters`` from ``save_hyperparameters``, ``epoch``, ``global_step``; the module's ``on_save_checkpoint``
-adds its own), written on global rank 0 beside ``final_model.pt``, sealed as the run's other files (``fedlight
-verify`` checks it)."""
+adds its own), written by the run on global rank 0 beside ``final_model.pt`` (``Task.final_files``), sealed as the
+run's other files (``fedlight verify`` checks it)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 NAME = "final_model.ckpt"
@@ -31,8 +30,3 @@ def lightning_checkpoint(module: Any, epoch: int, global_step: int) -> dict[str,
     module.on_save_checkpoint(ckpt)
     return ckpt
 
-
-def write(module: Any, out: Path, epoch: int, global_step: int) -> None:
-    from fedlight.run.atomic import atomic_torch_save
-
-    atomic_torch_save(lightning_checkpoint(module, epoch, global_step), Path(out) / NAME)

@@ -115,14 +115,18 @@ class LightningTask(Task):
             call_hook(self.module, "on_fit_start")
             call_hook(self.module, "on_train_start")
 
+    def final_files(self, model: nn.Module) -> dict[str, Any]:
+        """``final_model.ckpt``, which ``LightningModule.load_from_checkpoint`` loads (:mod:`.checkpoint`)."""
+        from fedlight.tasks.lightning.checkpoint import NAME, lightning_checkpoint
+
+        if self.trainer is None:
+            return {}
+        return {NAME: lightning_checkpoint(self.module, self.round, (self.round + 1) * self.steps)}
+
     def end(self, model: nn.Module) -> None:
         """After the last round: ``on_fit_end``, then the stand-in trainer is detached."""
         if self.trainer is not None:
             self.trainer.at(self.round, (self.round + 1) * self.steps, "done")
-            if self.record is not None and self.trainer.is_global_zero:
-                from fedlight.tasks.lightning import checkpoint
-
-                checkpoint.write(self.module, self.record.out, self.round, self.trainer.global_step)
             call_hook(model, "on_train_end")
             call_hook(model, "on_fit_end")
             call_hook(model, "teardown", "fit")
