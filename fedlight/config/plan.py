@@ -65,8 +65,11 @@ class Plan:
 def resolve_plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, text, world,
           privacy=None) -> Plan:
     """Check the arguments, build a model given as a spec, describe the recipe and name the run directory."""
+    from fedlight.tasks.lightning.compat import uncompiled
+
     algorithm = algorithm if algorithm is not None else _default_algorithm()
     loop = python_defaults(algorithm, loop) if text is None else loop  # the CLI chose them already
+    model = uncompiled(model)
     data = as_federated(data_or_own(data, model))
     _check_args(algorithm, data, loop, *world)
     accelerator, precision = _resolve_device(accelerator, precision, algorithm)

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from fedlight.data.base import FederatedDataModule, partition_labels
 from fedlight.data.labels import label_tensor, map_batch
 from fedlight.data.partition import Partitioner, partition_cached
+from fedlight.data.sampled import is_own, sampled_batches
 from fedlight.errors import ConfigError
 
 
@@ -141,10 +142,18 @@ class DatasetClients(FederatedDataModule):
         for start, end in bounds:
             yield self._to_device(self.collate_fn([train[i] for i in rows[start:end]]))
 
+    test_loader_index: int | None = None
+    """While :meth:`test_batches` yields from one of several test loaders, its index (Lightning's
+    ``dataloader_idx``), else ``None``."""
+
     def test_batches(self) -> Iterator[Any]:
         self._require_setup()
-        for batch in self._test_loader():
-            yield self._to_device(batch)
+        loaders = _loaders(self._test_loader())
+        for idx, loader in enumerate(loaders):
+            for batch in loader:
+                self.test_loader_index = idx if len(loaders) > 1 else None
+                yield self._to_device(batch)
+        self.test_loader_index = None
 
     def _to_device(self, batch: Any) -> Any:
         from lightning.fabric.utilities.apply_func import move_data_to_device
@@ -204,8 +213,8 @@ class DataModuleClients(DatasetClients):
                  client_fn: Callable[[Any], Any] | None = None, num_classes: int | None = None) -> None:
         super().__init__(train=None, num_clients=num_clients, batch_size=batch_size or 1, partition=partition,
                          label_fn=label_fn, client_fn=client_fn, num_classes=num_classes)
-        self.datamodule, self._batch_size_given = _built(datamodule), batch_size
-        self._loaded = False
+        self.datamodule, self._batch_size_given = _own_or_built(datamodule), batch_size
+        self._loaded, self.batch_sampler = False, None
 
     def _datasets(self) -> tuple[Dataset, Dataset | None]:
         if not self._loaded:
@@ -215,10 +224,31 @@ class DataModuleClients(DatasetClients):
             loader = dm.train_dataloader()
             self.train, self.collate_fn = loader.dataset, loader.collate_fn or default_collate
             self.drop_last = bool(getattr(loader, "drop_last", False))
+            self.batch_sampler = loader.batch_sampler if is_own(loader) else None
             if self._batch_size_given is None:
-                self.batch_size = loader.batch_size or 1
+                self.batch_size = loader.batch_size or getattr(self.batch_sampler, "batch_size", None) or 1
             self._loaded = True
         return self.train, None
+
+    def setup(self, device: torch.device | str = "cpu", seed: int = 0) -> None:
+        super().setup(device, seed)
+        if self.batch_sampler is not None and self.num_clients > 1:
+            raise ConfigError(f"`data`: {self.datamodule!r}'s train loader draws its batches with its batch_sampler "
+                              f"({type(self.batch_sampler).__name__}) over the whole train set, which fedlight "
+                              f"follows for one client and cannot split over {self.num_clients}: set "
+                              "`num_clients: 1`, or give the loader a batch_size")
+
+    def client_batches(self, client_id: int, num_steps: int, generator: torch.Generator) -> Iterator[Any]:
+        """The loader's ``batch_sampler``'s batches when it has one (:mod:`.sampled`), else as any client's."""
+        if self.batch_sampler is None:
+            yield from super().client_batches(client_id, num_steps, generator)
+            return
+        self._require_setup()
+        for rows in sampled_batches(self.batch_sampler, num_steps, generator):
+            yield self._to_device(self.collate_fn([self.train[i] for i in rows]))
+
+    def steps_per_epoch(self, client_id: int) -> int:
+        return len(self.batch_sampler) if self.batch_sampler is not None else super().steps_per_epoch(client_id)
 
     def _test_loader(self) -> Any:
         from fedlight.tasks.lightning.compat import misconfiguration_errors
@@ -234,8 +264,25 @@ class DataModuleClients(DatasetClients):
 
     @property
     def num_test(self) -> int:
-        loader = self._test_loader()
-        return len(loader.dataset) if hasattr(loader, "dataset") else 0
+        return sum(len(lo.dataset) for lo in _loaders(self._test_loader()) if hasattr(lo, "dataset"))
+
+
+def _loaders(found: Any) -> list:
+    """The test loaders: one, or each of a list, tuple or dict of them (several test sets, as Lightning takes)."""
+    if isinstance(found, dict):
+        return list(found.values())
+    if isinstance(found, (list, tuple)) and found and all(hasattr(lo, "dataset") for lo in found):
+        return list(found)
+    return [found]
+
+
+def _own_or_built(spec: Any) -> Any:
+    """The datamodule built (:func:`_built`); a LightningModule that carries its own data hooks (Lightning's
+    ``imagenet.py``) as :class:`fedlight.tasks.lightning.ModuleData`, so its ``setup`` runs with ``self.trainer``."""
+    from fedlight.tasks.lightning.module_data import ModuleData, carries_data
+
+    built = _built(spec)
+    return ModuleData(built) if carries_data(built) else built
 
 
 def _built(spec: Any) -> Any:

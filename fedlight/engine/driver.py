@@ -24,6 +24,7 @@ from fedlight.engine.loop import Diverged, FederatedLoop
 from fedlight.engine.loop_state import key_problem, resume_problems
 from fedlight.errors import ConfigError, check
 from fedlight.run import stops
+from fedlight.run.atomic import atomic_torch_save
 from fedlight.run.files import fault, is_fraction, rss_mb, summarize
 from fedlight.run.record import RunRecord
 from fedlight.tasks import Task, resolve_task
@@ -194,6 +195,9 @@ class FitDriver:
             loop.load_global()
             state = {k: v.detach().cpu().clone() for k, v in loop.model.state_dict().items()}
         record.finish(summary, state)
+        if state is not None:  # global rank 0
+            for name, obj in task.final_files(loop.model).items():
+                atomic_torch_save(obj, record.out / name)
         task.end(loop.model)
         loop.fabric.barrier()
         return summary

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from fedlight.run import side_files
 
-TOP = ("config.yaml", "metrics.jsonl", "summary.json", "final_model.pt", "trackers.json")
+TOP = ("config.yaml", "metrics.jsonl", "summary.json", "final_model.pt", "final_model.ckpt", "trackers.json")
 FOLDERS = ("checkpoints", "tb", "client_state", "csv", "wandb")
 
 
@@ -55,7 +55,7 @@ def _why(path: Path, ours_config: bool = False) -> str | None:
     from fedlight.run.atomic import seal_of
 
     try:
-        if path.name == "final_model.pt":  # sealed; one from before the seals only beside fedlight's config.yaml
+        if path.name.startswith("final_model."):  # sealed; one from before the seals only beside fedlight's config.yaml
             return None if seal_of(path) or ours_config else "it carries no fedlight seal"
         text = path.read_text(encoding="utf-8")
         if path.name == "config.yaml":

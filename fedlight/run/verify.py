@@ -35,9 +35,10 @@ def check_run(out: Path) -> list[Finding]:
     ids: dict[str, str | None] = {}
     ckpt = _checkpoints(out, found, ids)
     _unnamed_client_states(out, found, intact=ckpt is not None)
-    if (out / "final_model.pt").exists():
-        damage = check_sealed(out / "final_model.pt")
-        found.append(("damaged", "final_model.pt", damage) if damage else ("ok", "final_model.pt", ""))
+    for name in ("final_model.pt", "final_model.ckpt"):  # .ckpt: a LightningModule's, for load_from_checkpoint
+        if (out / name).exists():
+            damage = check_sealed(out / name)
+            found.append(("damaged", name, damage) if damage else ("ok", name, ""))
     sealed = side_files.sealed(ckpt)  # a run from before the digests: parsed only
     for name in ("summary.json", "config.yaml"):
         if (out / name).exists():

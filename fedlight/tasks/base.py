@@ -77,6 +77,11 @@ class Task:
     def begin_round(self, info: Any) -> None:
         """Round ``info.round`` is about to train (a task that tracks the round, e.g. a LightningModule's epoch)."""
 
+    def final_files(self, model: nn.Module) -> dict[str, Any]:
+        """Files to write (``torch.save``, sealed, on global rank 0) beside ``final_model.pt`` before :meth:`end`, by
+        name: a LightningModule's ``final_model.ckpt``."""
+        return {}
+
     def end(self, model: nn.Module) -> None:
         """The run finished (after ``final_model.pt`` is written)."""
 

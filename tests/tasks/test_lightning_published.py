@@ -34,7 +34,7 @@ def test_the_modules_schedule_trainer_state_and_epoch_hooks_equal_a_hand_loop(tm
     summary = _fit(tmp_path, model, loop={"local_lr_schedule": "cosine"})
     err = "".join(capsys.readouterr())
     assert "replayed per client step r·K+k; `loop.lr_schedule` and `loop.local_lr_schedule` do not apply" in err
-    seen = model.seen[1:]  # the probe's call first
+    seen = model.seen  # (the probe calls training_step on a copy)
     assert [(e, s) for e, s, _ in seen] == [(r, r * K + k) for r in range(R) for _ in range(3) for k in range(K)]
     assert [lr for *_, lr in seen] == pytest.approx([lr_at(r, k) for r in range(R) for _ in range(3)
                                                      for k in range(K)], abs=1e-12)
@@ -306,24 +306,35 @@ def test_the_command_line_nested_datamodule_flags_and_exit_statuses(tmp_path, ca
     assert "ValueError: my hook broke" in err and "rounds 1-1 are kept" in err
 
 
+class Ramp(LitMLP):
+    """SGD whose lr grows 30-fold per epoch (round): it diverges after the first round."""
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.5)
+        return [opt], [torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 30.0 ** epoch)]
+
+
 class LitAdam(LitMLP):
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=30.0)
 
 
-def test_a_rule_written_for_sgd_says_what_the_modules_adam_means_and_the_divergence_names_it(tmp_path, capsys):
+def test_a_rule_written_for_sgd_refuses_the_modules_adam_and_the_divergence_names_the_modules_optimizer(tmp_path,
+                                                                                                          capsys):
     torch.manual_seed(0)
-    _fit(tmp_path, LitAdam(), algorithm=fedlight.create("fedwmsam"), loop={"rounds": 4})
+    with pytest.raises(ConfigError, match=r"FedWMSAM's local algebra is written for plain SGD steps, and the "
+                                          r"module's Adam \(from configure_optimizers\) would rescale each coordinate"):
+        _fit(tmp_path, LitAdam(), algorithm=fedlight.create("fedwmsam"), loop={"rounds": 4})  # before round 1
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    _fit(tmp_path, Ramp(), name="sgd", algorithm=fedlight.create("fedwmsam"), loop={"rounds": 4})
     err = "".join(capsys.readouterr())
-    assert "FedWMSAM's local algebra is written for plain SGD steps; here its direction is stepped by Adam at lr 30" \
-        in err
-    assert "training is diverging. Likely cause: the module's local optimizer Adam at lr 30 (from " \
-           "LitAdam.configure_optimizers()) may be too large for FedWMSAM" in err
+    assert "training is diverging. Likely cause: the module's local optimizer SGD at lr 0.5 (from " \
+           "Ramp.configure_optimizers()) may be too large for FedWMSAM" in err
     assert "`loop.lr` = 0.1" not in err
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["local_optimization"].startswith("local optimizer from LitAdam.configure_optimizers(): Adam(lr=30")
-    assert "# fedlight: local optimization used: local optimizer from LitAdam" in \
-        (tmp_path / "run" / "config.yaml").read_text()
+    summary = json.loads((tmp_path / "sgd" / "summary.json").read_text())
+    assert summary["local_optimization"].startswith("local optimizer from Ramp.configure_optimizers(): SGD(lr=0.5")
+    assert "# fedlight: local optimization used: local optimizer from Ramp" in \
+        (tmp_path / "sgd" / "config.yaml").read_text()
 
 
 class BuiltLate(LitMLP):

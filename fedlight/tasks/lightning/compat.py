@@ -48,6 +48,19 @@ def overrides(obj: Any, method: str) -> bool:
     return base is not None and getattr(type(obj), method, None) is not getattr(base, method, None)
 
 
+def uncompiled(model: Any) -> Any:
+    """``torch.compile(module)`` of a LightningModule (the Lightning docs' pattern): the module itself, with one note,
+    so that its own ``configure_optimizers``, hooks and ``self.log`` are used (the compiled wrapper hides them); any
+    other model unchanged."""
+    inner = getattr(model, "_orig_mod", None)
+    if inner is None or not is_lightning_module(inner) or is_lightning_module(model):
+        return model
+    note(None, f"torch.compile({type(inner).__name__}) is trained as the module itself, with its own "
+               "configure_optimizers, hooks and self.log (the compiled wrapper hides them); `--loop.compile true` "
+               "compiles the client computation, or compile inside the module (e.g. in configure_model)")
+    return inner
+
+
 def misconfiguration_errors() -> tuple[type, ...]:
     out = []
     for package in filter(sys.modules.__contains__, PACKAGES):  # an exception is raised by a package imported

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from fedlight.core import params as P
 from fedlight.core.params import in_stacked
-from fedlight.tasks.lightning.compat import note
+from fedlight.tasks.lightning.compat import note, overrides
 from fedlight.tasks.lightning.groups import optimizers_of
 from fedlight.tasks.lightning.logs import capture_logs
 
@@ -116,6 +116,8 @@ class ClientHooks:
         module.__dict__["optimizers"] = lambda use_pl_optimizer=True: opts[0] if len(opts) == 1 else opts
         module.__dict__["lr_schedulers"] = lambda: _schedulers(task, ctx)
         module.__dict__["manual_backward"] = self.manual_backward
+        module.__dict__.update({k: SchedulerView(v, ctx) for k, v in task.hidden.items()})
+        self.steps_itself = overrides(module, "optimizer_step") and not task.manual
         if not self.stacked:
             for opt in self.optimizers:
                 self._wrap_step(opt)
@@ -141,34 +143,54 @@ class ClientHooks:
             for opt in self.optimizers:
                 ctx.fabric.strategy.precision.unscale_gradients(opt)
 
-    def before_step(self, batch: Any, k: int) -> None:
-        """Before ``training_step`` of local step ``k`` (once per step, even when a rule evaluates it twice)."""
-        if self.stacked or self.ctx.scratch.get("lightning_batch") == k:
-            return
-        self.ctx.scratch["lightning_batch"] = k
+    def before_step(self, batch: Any, k: int) -> bool:
+        """Before ``training_step`` of local step ``k`` (once per step, even when a rule evaluates it twice); True
+        once ``on_train_batch_start`` has returned -1: Lightning then skips the rest of the epoch, so the client's
+        remaining steps take no optimizer step and call no batch hook."""
+        scratch = self.ctx.scratch
+        if self.stacked or scratch.get("lightning_batch") == k or scratch.get("lightning_cut"):
+            return bool(scratch.get("lightning_cut"))
+        scratch["lightning_batch"] = k
         self.skip, self.batch, self.outputs = False, batch, None
-        call_hook(self.module, "on_train_batch_start", batch, k, sink=self.logs)
+        if call_hook(self.module, "on_train_batch_start", batch, k, sink=self.logs) == -1:
+            scratch["lightning_cut"] = True
+        return bool(scratch.get("lightning_cut"))
 
     def before_backward(self, loss: Tensor) -> None:
+        """``on_before_zero_grad`` (automatic optimisation: fedlight zeroes the gradients then) and
+        ``on_before_backward``, as Lightning's closure calls them after ``training_step``."""
         if not self.stacked:
+            if not self.task.manual:
+                call_hook(self.module, "on_before_zero_grad", self.optimizers[0], sink=self.logs)
             call_hook(self.module, "on_before_backward", loss, sink=self.logs)
 
     def _wrap_step(self, optimizer: torch.optim.Optimizer) -> None:
         step = optimizer.step
 
         def hooked(*args: Any, **kwargs: Any) -> Any:
-            out, k = None, self.ctx.scratch.get("lightning_batch", 0)
+            scratch = self.ctx.scratch
+            out, k = None, self.ctx.step_index if scratch.get("lightning_cut") else scratch.get("lightning_batch", 0)
             if not self.skip:  # training_step returned None: no optimizer step, as in Lightning
                 call_hook(self.module, "on_after_backward", sink=self.logs)
-                call_hook(self.module, "on_before_optimizer_step", optimizer, sink=self.logs)
-                out = step(*args, **kwargs)
+                if self.steps_itself:  # the module's optimizer_step, with the closure, as Lightning calls it
+                    view = StepView(optimizer, lambda: self._step(optimizer, step, *args, **kwargs))
+                    call_hook(self.module, "optimizer_step", self.task.trainer.current_epoch, k, view,
+                              lambda: self.outputs, sink=self.logs)
+                    out = view.out
+                else:
+                    out = self._step(optimizer, step, *args, **kwargs)
             if not self.task.manual:
-                call_hook(self.module, "on_train_batch_end", self.outputs, self.batch, k, sink=self.logs)
+                if not self.ctx.scratch.get("lightning_cut"):
+                    call_hook(self.module, "on_train_batch_end", self.outputs, self.batch, k, sink=self.logs)
                 if k == self.ctx.num_steps - 1:
                     self.end()
             return out
 
         optimizer.step = hooked
+
+    def _step(self, optimizer: Any, step: Any, *args: Any, **kwargs: Any) -> Any:
+        call_hook(self.module, "on_before_optimizer_step", optimizer, sink=self.logs)
+        return step(*args, **kwargs)
 
     def end(self) -> None:
         """After the client's last step: ``on_train_epoch_end`` (once)."""
@@ -185,6 +207,27 @@ class ClientHooks:
                 note(self.ctx.fabric, said)
         self.task._train_logs(self.logs, self.ctx.scratch["lightning_logs"], self.ctx, final=True)
         self.logs.clear()
+
+
+class StepView:
+    """The optimizer an overridden ``optimizer_step`` gets: ``step(closure)`` calls the closure (it returns the loss
+    already computed) and takes the rule's step; anything else is the client's optimizer's."""
+
+    def __init__(self, optimizer: Any, step: Any) -> None:
+        self._optimizer, self._step, self.out = optimizer, step, None
+
+    @property
+    def optimizer(self) -> Any:
+        return self._optimizer
+
+    def step(self, closure: Any = None, **kwargs: Any) -> Any:
+        if closure is not None:
+            closure()
+        self.out = self._step()
+        return self.out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
 
 
 class SchedulerView:

@@ -19,12 +19,13 @@ from fedlight.core.loop_config import LoopConfig, LRSchedule
 from fedlight.core.schedule import InRoundLR
 from fedlight.errors import ConfigError
 from fedlight.tasks.base import LocalOptimization
+from fedlight.tasks.lightning import features
 from fedlight.tasks.lightning.compat import module_name, note, overrides
 from fedlight.tasks.lightning.groups import ModuleOptimizers, describe
 from fedlight.tasks.lightning.hooks import call_hook
 from fedlight.tasks.lightning.loggers import RunLoggers
 from fedlight.tasks.lightning.module_data import own_data
-from fedlight.tasks.lightning.schedule import Schedule, read_configure_optimizers
+from fedlight.tasks.lightning.schedule import Schedule, hidden_schedulers, read_configure_optimizers
 from fedlight.tasks.lightning.trainer import FedTrainer, attach
 
 
@@ -35,6 +36,7 @@ def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, da
 
     name = module_name(model)
     _prepare(task, fabric, model, loop, data, name)
+    features.check(model, fabric, overrides(model, "test_step"), getattr(data, "datamodule", None))  # no silence
     task.manual = not model.automatic_optimization
     clip = None if loop.max_grad_norm == "auto" else loop.max_grad_norm
     loop = dataclasses.replace(loop, max_grad_norm=clip)
@@ -53,6 +55,9 @@ def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, da
         return _said(fabric, loop, algorithm, None, f"{type(algorithm).__name__} prescribes its own local "
                      f"optimizer; {name}.configure_optimizers() is not used (read only for its param groups; nor its "
                      f"lr schedulers); {schedule}")
+    if getattr(task, "hidden", None):
+        note(fabric, f"{name}.{', '.join(task.hidden)}, stepped in its optimizer_step, is replayed per client step "
+                     "r·K+k as an `interval: \"step\"` scheduler (the step its optimizer_step takes there)")
     if task.schedule and (said := task.schedule.length_note(loop.rounds, task.trainer.num_training_batches)):
         note(fabric, said)
     first, group = optimizers[0], factory.groups[0]
@@ -66,7 +71,8 @@ def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, da
             "`loop.weight_decay` are not used")
     if not task.manual:
         _sgd_note(fabric, algorithm, first, group)
-    loop = dataclasses.replace(loop, lr=float(group["lr"]), weight_decay=float(group.get("weight_decay", 0.0)),
+    lr = float(group["lr"] or group.get("initial_lr", 0.0)) or loop.lr  # a scheduler's warm-up may start at 0
+    loop = dataclasses.replace(loop, lr=lr, weight_decay=float(group.get("weight_decay", 0.0)),
                                momentum=0.0, lr_schedule=LRSchedule(), local_lr_schedule=in_round)
     hint = (f"the module's local optimizer {type(first).__name__} at lr {group['lr']:g} (from "
             f"{name}.configure_optimizers()) may be too large for {type(algorithm).__name__}; lower it there")
@@ -107,6 +113,7 @@ def _module_optimizers(task: Any, model, name: str) -> tuple[list, ModuleOptimiz
                           "and step each in training_step (`opt_a, opt_b = self.optimizers()`), or return one "
                           "optimizer with param groups")
     factory = ModuleOptimizers(model, optimizers)  # before any replay of the schedule changes an lr
+    configs = configs + hidden_schedulers(task, model, optimizers, configs, name)
     task.trainer.optimizers = optimizers
     task.trainer.lr_scheduler_configs = [SimpleNamespace(**c) for c in configs]
     task.schedule = Schedule(optimizers, configs)
@@ -153,15 +160,27 @@ def _clip(clip: float | None) -> str:
             "no gradient clip (`loop.max_grad_norm: auto` clips only fedlight's own models; set a number to clip)")
 
 
+ADAPTIVE = ("adam", "ada", "rms", "lamb", "lion", "sophia", "shampoo")  # per-coordinate preconditioned steps
+
+
 def _sgd_note(fabric, algorithm, first, group) -> None:
-    """A rule whose local algebra is written for SGD steps, run with another optimizer: say what that means."""
+    """A rule whose local algebra is written for SGD steps, run with another optimizer: refused before round 1 for
+    an adaptive one (its per-coordinate scaling rewrites the rule's correction and perturbation terms: not the
+    published rule, and FedWMSAM with Adam diverged, 0.13 → 18.97 train loss, issue 59); said in one line for another
+    (e.g. SGD variants), whose steps keep the rule's direction."""
     import torch
 
     from fedlight.core.rules import LocalUpdateRule
 
     if type(algorithm.local) is LocalUpdateRule or isinstance(first, torch.optim.SGD):
         return
-
-    note(fabric, f"{type(algorithm).__name__}'s local algebra is written for plain SGD steps; here its direction is "
-                 f"stepped by {type(first).__name__} at lr {group['lr']:g} (the module's), and the lr in its algebra "
-                 "is that lr. Return torch.optim.SGD from configure_optimizers to run the rule as published")
+    rule, opt = type(algorithm).__name__, type(first).__name__
+    if any(k in opt.lower() for k in ADAPTIVE):
+        raise ConfigError(f"{rule}'s local algebra is written for plain SGD steps, and the module's {opt} (from "
+                          "configure_optimizers) would rescale each coordinate of its steps: that is not "
+                          f"{rule}. Return torch.optim.SGD from configure_optimizers to run the rule as published, "
+                          "or train with a rule that steps any optimizer (fedavg, fedavgm, fedadam) or one written "
+                          "for adaptive local steps (fedadamw, local_adam, fedlada)")
+    note(fabric, f"{rule}'s local algebra is written for plain SGD steps; here its direction is stepped by {opt} at "
+                 f"lr {group['lr']:g} (the module's), and the lr in its algebra is that lr. Return torch.optim.SGD "
+                 "from configure_optimizers to run the rule as published")

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from fedlight.errors import ConfigError
-from fedlight.tasks.lightning.compat import module_name, note, overrides
+from fedlight.tasks.lightning.compat import is_lightning_module, module_name, note, overrides
 from fedlight.tasks.lightning.errors import guard_user as guard
 from fedlight.tasks.lightning.hooks import frozen
 from fedlight.tasks.lightning.logs import capture_logs
@@ -49,15 +49,41 @@ def probe(task: Any, model, train_batch, test_batch, fabric=None) -> None:
 
 
 def _probe_loss(task: Any, model, batch, fabric) -> Any:
-    was = model.training
-    model.eval()
+    """``training_step`` on one batch, after the start hooks in Lightning's order (``on_fit_start``,
+    ``on_train_start``, ``on_train_epoch_start``, ``on_train_batch_start``), so state they create exists: all on a
+    copy of the module, so that the module that trains gets each hook once, at its moment (``begin_round``)."""
+    copy = _copy(task, model)
+    was = copy.training
+    copy.eval()
     optimizers = task.trainer.optimizers if task.trainer is not None else []
     try:
-        with torch.no_grad(), capture_logs(model), frozen(model, optimizers):
-            return guard(f"{module_name(model)}.training_step", lambda: task._probe_loss(model, batch, fabric),
-                         batch)
+        with torch.no_grad(), capture_logs(copy), frozen(copy, optimizers):
+            def step():
+                if task.trainer is not None:
+                    for hook, args in (("on_fit_start", ()), ("on_train_start", ()), ("on_train_epoch_start", ()),
+                                       ("on_train_batch_start", (batch, 0))):
+                        getattr(copy, hook)(*args)
+                return task._probe_loss(copy, batch, fabric)
+
+            return guard(f"{module_name(model)}.training_step", step, batch)
     finally:
-        model.train(was)
+        copy.train(was)
+
+
+def _copy(task: Any, model) -> Any:
+    """A deep copy of ``model`` sharing its stand-in trainer; the model itself, its start hooks then counted as
+    called (``task.started``), when it cannot be copied."""
+    import copy
+
+    try:
+        copied = copy.deepcopy(model, {id(task.trainer): task.trainer})
+    except Exception:  # noqa: BLE001 - a module holding something that cannot be copied: its hooks run on itself
+        task.started = True
+        return model
+    module = getattr(copied, "_fedlight_module", copied)
+    if task.trainer is not None and is_lightning_module(module):  # Lightning does not copy its trainer
+        module.trainer = task.trainer
+    return copied
 
 
 def _reset_metrics(model) -> None:

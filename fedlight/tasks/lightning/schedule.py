@@ -58,6 +58,22 @@ def _config(s: Any, name: str) -> dict[str, Any]:
     return config
 
 
+def hidden_schedulers(task: Any, model: Any, optimizers: list, configs: list[dict[str, Any]],
+                      name: str) -> list[dict[str, Any]]:
+    """Schedulers an overridden ``optimizer_step`` steps (UvA-DL tutorial 5 keeps one on ``self`` and steps it per
+    iteration there): each of the module's attributes that is an lr scheduler of one of ``optimizers`` and not
+    returned by ``configure_optimizers`` is replayed as ``interval: "step"``, said once; during a client's round the
+    attribute is a view whose ``step()`` changes nothing (``task.hidden`` keeps the originals)."""
+    from fedlight.tasks.lightning.compat import overrides
+
+    if not overrides(model, "optimizer_step"):
+        return []
+    known, ids = {id(c["scheduler"]) for c in configs}, {id(o) for o in optimizers}
+    task.hidden = {k: v for k, v in vars(model).items() if hasattr(v, "step") and hasattr(v, "get_last_lr")
+                   and id(getattr(v, "optimizer", None)) in ids and id(v) not in known}
+    return [{"scheduler": s, "interval": "step", "frequency": 1} for s in task.hidden.values()]
+
+
 class Schedule:
     """The lr of every param group of ``optimizers`` along a client's steps (see the module docstring)."""
 

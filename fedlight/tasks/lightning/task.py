@@ -24,10 +24,10 @@ from torch import Tensor, nn
 
 from fedlight.core.params import in_stacked
 from fedlight.errors import ConfigError
-from fedlight.tasks.base import LocalOptimization, Task, higher_is_better, precision_forward
-from fedlight.tasks.lightning.compat import is_lightning_module, module_name, overrides, takes_index
+from fedlight.tasks.base import LocalOptimization, Task, higher_is_better
+from fedlight.tasks.lightning.compat import is_lightning_module, module_name, takes_index
 from fedlight.tasks.lightning.hooks import ClientHooks, call_hook, frozen, set_lrs
-from fedlight.tasks.lightning.logs import ClientLogs, aggregator, batch_size, capture_logs, eval_reduce
+from fedlight.tasks.lightning.logs import ClientLogs, aggregator, batch_size, capture_logs
 from fedlight.tasks.lightning.trainer import FedTrainer, attach
 
 PREFIXES = ("test_", "val_", "test/", "val/", "valid_", "validation_")
@@ -60,6 +60,8 @@ class LightningTask(Task):
         self.round, self.steps = 0, 1
         self.optimization: LocalOptimization | None = None  # what local_optimization returned
         self.started = False  # on_fit_start was called
+        self.hidden: dict[str, Any] = {}  # schedulers an overridden optimizer_step steps, by attribute (.schedule)
+        self.data: Any = None
         self.record: Any = None  # the run record (set by the driver): the module's self.logger writes there
 
     # ----------------------------------------------------------------------------------------- headline
@@ -84,6 +86,7 @@ class LightningTask(Task):
         (see :mod:`.optim`)."""
         from fedlight.tasks.lightning.optim import local_optimization
 
+        self.data = data  # its test_loader_index: which of several test loaders a batch comes from
         self.optimization = local_optimization(self, fabric, model, algorithm, loop, data)
         return self.optimization
 
@@ -112,11 +115,22 @@ class LightningTask(Task):
             call_hook(self.module, "on_fit_start")
             call_hook(self.module, "on_train_start")
 
+    def final_files(self, model: nn.Module) -> dict[str, Any]:
+        """``final_model.ckpt``, which ``LightningModule.load_from_checkpoint`` loads (:mod:`.checkpoint`)."""
+        from fedlight.tasks.lightning.checkpoint import NAME, lightning_checkpoint
+
+        if self.trainer is None:
+            return {}
+        return {NAME: lightning_checkpoint(self.module, self.round, (self.round + 1) * self.steps)}
+
     def end(self, model: nn.Module) -> None:
         """After the last round: ``on_fit_end``, then the stand-in trainer is detached."""
         if self.trainer is not None:
             self.trainer.at(self.round, (self.round + 1) * self.steps, "done")
+            call_hook(model, "on_train_end")
             call_hook(model, "on_fit_end")
+            call_hook(model, "teardown", "fit")
+            model.__dict__.update(self.hidden)
             attach(model, None)
 
     # ----------------------------------------------------------------------------------------- training
@@ -148,7 +162,8 @@ class LightningTask(Task):
                 set_lrs(ctx.optimizer, self.schedule.lrs(ctx.round, k, K))
             if hooks is not None:
                 trainer.global_step, trainer.is_last_batch = ctx.round * K + k, k == K - 1
-                hooks.before_step(batch, k)
+                if hooks.before_step(batch, k):  # on_train_batch_start returned -1: the client's round is over
+                    return self._skipped(ctx, hooks)
             with capture_logs(module) as logs, hooks.trainer_optimizers() if hooks is not None else nullcontext():
                 loss = self.objective(model, batch, k)
             if loss is None:
@@ -194,8 +209,9 @@ class LightningTask(Task):
     # ----------------------------------------------------------------------------------------- evaluation
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batches: Iterable[Any], fabric: Any = None) -> dict[str, float]:
-        step, stage = self._eval_step(model)
-        forward = precision_forward(fabric)
+        """The global model on the test batches, hooks and logs as Lightning's evaluation loop (:mod:`.evaluation`)."""
+        from fedlight.tasks.lightning import evaluation
+
         sums: dict[str, Any] = {}
         objects: dict[str, Any] = dict(self._objects)  # every rank computes every metric (they sync in compute)
         if self.trainer is not None:
@@ -203,17 +219,7 @@ class LightningTask(Task):
         was = model.training
         model.eval()
         try:
-            hooked = self.trainer is not None and not self.by_loss
-            epoch_logs: dict[str, Any] = {}
-            if hooked:
-                call_hook(model, f"on_{stage}_epoch_start", sink=epoch_logs)
-            for i, batch in enumerate(batches):
-                with capture_logs(model, step=False) as logs:
-                    forward(_Step(step), batch, i)
-                eval_reduce(logs, batch, sums, objects, self._values)
-            if hooked:
-                call_hook(model, f"on_{stage}_epoch_end", sink=epoch_logs)
-                eval_reduce(epoch_logs, None, sums, objects, self._values)
+            evaluation.run(self, model, batches, fabric, sums, objects)
         finally:
             model.train(was)
         return self._computed(model, sums, objects)
@@ -232,20 +238,17 @@ class LightningTask(Task):
             self.trainer.callback_metrics.update({k: torch.tensor(v) for k, v in out.items()})
         return out
 
-    def _eval_step(self, model: nn.Module):
-        """``(step(batch, i), stage)``: ``test_step`` (else ``validation_step``), or the training loss logged as
-        ``test_loss`` when the module has neither or its step logs nothing."""
-        for name, stage in (("test_step", "test"), ("validation_step", "validation")):
-            if not self.by_loss and overrides(model, name):
-                fn = getattr(model, name)
-                return (fn if takes_index(fn) else lambda batch, i: fn(batch)), stage
+    def loss_step(self, model: nn.Module):
+        """``step(batch, i, idx)``: the training loss logged as ``test_loss`` (a module without an evaluation step, or
+        whose step logs nothing); what ``training_step`` writes to ``self.logger`` meanwhile is dropped."""
         module = getattr(model, "_fedlight_module", model)
 
-        def by_loss(batch, i):
+        def by_loss(batch, i, idx=None):
             # the evaluation's capture; training_step's own logs are test metrics only when it returns nothing (a
             # GAN's manual step), which then steps nothing
             outer, optimizers = module.log, self.trainer.optimizers if self.trainer else []
-            with capture_logs(module) as logs, frozen(module, optimizers):
+            with capture_logs(module) as logs, frozen(module, optimizers), \
+                    self.trainer.muted() if self.trainer else nullcontext():
                 loss = self.objective(model, batch, i)
             if loss is not None:
                 outer("test_loss", loss, batch_size=batch_size(batch))
@@ -253,7 +256,7 @@ class LightningTask(Task):
                 for name, e in logs.items():
                     outer(name, e.value, batch_size=e.batch_size, reduce_fx=e.reduce)
 
-        return by_loss, "test"
+        return by_loss
 
     def probe(self, model, train_batch, test_batch, data, fabric=None) -> None:
         from fedlight.tasks.lightning.probe import probe
@@ -262,16 +265,6 @@ class LightningTask(Task):
 
     def __repr__(self) -> str:
         return "LightningTask()"
-
-
-class _Step:
-    """``forward(_Step(step), batch, i)`` runs ``step(batch, i)`` under the precision plugin."""
-
-    def __init__(self, step) -> None:
-        self.step = step
-
-    def __call__(self, batch, i):
-        return self.step(batch, i)
 
 
 def _strip(name: str) -> str:

@@ -22,6 +22,7 @@ Any other attribute raises :class:`NotUnderFedlight` naming it.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 from fedlight.errors import ConfigError
@@ -66,8 +67,23 @@ class FedTrainer:
 
     @property
     def loggers(self) -> list:
-        """The run's loggers as Lightning lists them: TensorBoard first, then the trackers (once started)."""
-        return self._run_loggers.all() if self._run_loggers is not None else []
+        """The run's loggers as Lightning lists them: TensorBoard first, then the trackers (once started); within
+        :meth:`muted`, Lightning's ``DummyLogger`` in their place."""
+        found = self._run_loggers.all() if self._run_loggers is not None else []
+        if found and self.__dict__.get("_muted"):
+            from lightning.pytorch.loggers.logger import DummyLogger
+
+            return [DummyLogger() for _ in found]
+        return found
+
+    @contextmanager
+    def muted(self):
+        """Within the block the loggers write nothing (``training_step`` run to evaluate the global model)."""
+        self.__dict__["_muted"] = True
+        try:
+            yield
+        finally:
+            self.__dict__["_muted"] = False
 
     @property
     def logger(self) -> Any:
