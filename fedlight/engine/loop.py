@@ -14,6 +14,7 @@ never wrapped in DDP.
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from fedlight.engine.client_store import ClientStateStore
 from fedlight.engine.local_schedule import local_schedule
 from fedlight.engine.loop_state import LoopState
 from fedlight.engine.round_row import RoundRow, client_entries
+from fedlight.engine.work import Work, drive
 from fedlight.run.files import fault, to_device
 from fedlight.runners import ClientJob, TrainSetup, select_runner
 from fedlight.runners.base import OptimizerFactory
@@ -174,13 +176,19 @@ class FederatedLoop:
         """Round ``r`` (``state.rounds_done``, 0-based): plan → train this rank's clients → share across ranks →
         reduce → ``server.aggregate`` (if the rule overrides it) → ``server.update``. Afterwards
         ``state.rounds_done == r + 1``. Returns the round's metrics row."""
+        return drive(self.round_steps(r))
+
+    def round_steps(self, r: int) -> Generator[Work, Any, dict[str, Any]]:
+        """:meth:`run_round` with its clients trained by whoever drives it: it yields the round's :class:`Work` and
+        is sent the outcomes (a lockstep group, :mod:`fedlight.engine.lockstep`, trains several runs' together)."""
         st, t0 = self.state, time.perf_counter()
         if st.clock is None:  # this process's first round: the run's wall clock goes on from here
             st.clock = t0
         plan = self.plan(r)
         self.task.begin_round(plan.info)
         counts = {k: b.clone() for k, b in st.int_buffers.items()}
-        got = self._collect(self.runner.train(self.jobs(plan), plan.info, st.buffers), plan)
+        outcomes = yield Work(self.jobs(plan), plan.info, st.buffers, self.runner)
+        got = self._collect(outcomes, plan)
         P.copy_(st.int_buffers, counts)  # clients' forward passes do not count; the round advances them below
         t_train = time.perf_counter()
         got = self._exchange(got)

@@ -62,6 +62,9 @@ class ClientJob:
     """``n_i``."""
     batches: Callable[[], Iterable[Any]]
     """Yields the client's ``K`` batches (seeded by (seed, round, client)); called once."""
+    buffers: Params | None = None
+    """The floating-point buffers the client starts from, when they are not the round's (a lockstep group trains
+    the clients of several runs, each from its own run's, in one stacked chunk)."""
 
 
 @dataclass(eq=False)
