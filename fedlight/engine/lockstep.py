@@ -88,8 +88,9 @@ def _parts(live: list[Member]) -> list[list[Member]]:
 
 
 def train_together(works: list[Work]) -> list[Any]:
-    """Train the clients of ``works`` (that :func:`shares_chunk` agrees on) in the first one's runner: each work's
-    outcomes, in its job order. One work alone trains as it would alone (lazily)."""
+    """Train the clients of ``works`` (that :func:`shares_chunk` agrees on) in the first one's runner (its
+    ``loop.vmap_chunk`` bounds the union's chunks): each work's outcomes, in its job order. One work alone trains as
+    it would alone (lazily)."""
     if len(works) == 1:
         return [works[0].run()]
     lead = works[0]
@@ -111,7 +112,7 @@ def shares_chunk(work: Work) -> tuple | None:
         return None
     s = r.setup
     model = tuple((k, tuple(v.shape), v.dtype) for k, v in [*s.model.named_parameters(), *s.model.named_buffers()])
-    return (type(r), r.chunk, r.forward.compile, type(s.model), model, describe(s.local), describe(s.optimizer),
+    return (type(r), r.forward.compile, type(s.model), model, describe(s.local), describe(s.optimizer),
             s.max_grad_norm, s.weight_decay, describe(s.task), id(s.fabric), work.info.round, work.info.lr)
 
 
