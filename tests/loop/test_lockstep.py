@@ -24,6 +24,7 @@ from fedlight.config.group import lockstep_fit, member_argvs
 from fedlight.core.loop_config import LoopConfig
 from fedlight.data import TensorClients
 from fedlight.engine import lockstep_eval
+from fedlight.engine.client_store import ClientStateStore
 
 TINY = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
 TABLE2 = {  # the rows of recipes/tables/fednsam_table2.yaml, as there
@@ -64,9 +65,13 @@ def _tensors(tree, prefix="") -> dict[str, torch.Tensor]:
 def _state(out: Path) -> dict[str, torch.Tensor]:
     """The final model, the last checkpoint and every stored client state of a run directory."""
     got = _tensors(torch.load(out / "final_model.pt", weights_only=True), "final")
-    got |= _tensors(torch.load(out / "checkpoints" / "last.ckpt", weights_only=True), "ckpt")
-    for f in sorted((out / "client_state").rglob("*.pt")):
-        got |= _tensors(torch.load(f, weights_only=True), f"client/{f.relative_to(out / 'client_state')}")
+    ckpt = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
+    got |= _tensors({k: v for k, v in ckpt.items() if k != "store"}, "ckpt")
+    store = ClientStateStore("cpu")
+    store.read_from(out)
+    store.load_state_dict(ckpt["store"])
+    for c in store.ids():
+        got |= _tensors(store.get(c, "cpu"), f"client/{c}")
     return got
 
 
@@ -137,6 +142,8 @@ def test_group_equals_each_run_alone_64(rows, tmp_path, spy_eval):
     for s, row in enumerate(rows):
         fedlight.fit(**_run(tmp_path, f"a{s}", row, s, "sequential"))
         assert_same_run(tmp_path / f"g{s}", tmp_path / f"a{s}", 1e-12)
+    if rows[0] == "scaffold":  # every client state was compared
+        assert sum(k.startswith("client/") for k in _state(tmp_path / "g0")) >= 6
 
 
 def test_group_equals_alone_32(tmp_path):
@@ -223,3 +230,15 @@ def test_a_stopped_group_resumes_and_its_runs_resume_alone_or_join_a_group(tmp_p
         assert_same_run(g / f"seed{k}", ref / f"seed{k}", 1e-12)
         assert [r["round"] for r in _rows(g / f"seed{k}")] == [1, 2, 3, 4]
         _here("verify", str(g / f"seed{k}"))
+
+
+def test_speed_tool_smoke(capsys):
+    """tools/lockstep_speed.py --smoke: the three arms run and the ratios are printed (no timing is asserted)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    try:
+        import lockstep_speed
+    finally:
+        sys.path.pop(0)
+    assert lockstep_speed.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "ratio one by one / lockstep" in out and "rep 1 lockstep" in out
