@@ -53,12 +53,13 @@ class Lockstep:
             while live := [m for m in self.members if m.pending is not None]:
                 evals = [m for m in live if isinstance(m.pending, Evaluation)]
                 if evals:
-                    for m, metrics in zip(evals, evaluate_together([m.pending.driver for m in evals])):
-                        self._advance(m, metrics)
+                    for m, (metrics, error) in zip(evals, evaluate_together([m.pending.driver for m in evals],
+                                                                            self.say)):
+                        self._advance(m, metrics, error)
                     continue
                 for part in _parts(live):
                     self.shared.append(len(part))
-                    for m, outs in zip(part, train_together([m.pending for m in part])):
+                    for m, outs in zip(part, self._train(part)):
                         self._advance(m, outs)
         finally:
             for m in self.members:  # an abort of the group (KeyboardInterrupt): each run closes its record
@@ -69,9 +70,20 @@ class Lockstep:
                  f"their clients with other runs' in one stacked union")
         return {m.name: m.result for m in self.members}
 
-    def _advance(self, m: Member, value: Any) -> None:
+    def _train(self, part: list[Member]) -> list[Any]:
+        """The outcomes of each member's clients: trained together, or (when that fails) each run's own, lazily, so
+        that a run's own failure is raised in the run (which leaves the group as it would stop alone)."""
         try:
-            m.pending = m.steps.send(value)
+            return train_together([m.pending for m in part])
+        except Exception as e:  # noqa: BLE001 - see the docstring
+            self.say(f"fedlight lockstep: training {len(part)} runs' clients together failed ({type(e).__name__}: "
+                     f"{e}); each run trains its own this round")
+            return [m.pending.run() for m in part]
+
+    def _advance(self, m: Member, value: Any, error: Exception | None = None) -> None:
+        """Hand ``m`` what it waits for (or raise ``error`` in it, where it waits) and take what it asks next."""
+        try:
+            m.pending = m.steps.throw(error) if error is not None else m.steps.send(value)
         except StopIteration as done:
             m.pending, m.result = None, done.value
         except Exception as e:  # noqa: BLE001 - the member leaves the group; the others go on

@@ -20,13 +20,29 @@ from fedlight.run.files import fault
 from fedlight.tasks.base import precision_forward
 
 
-def evaluate_together(drivers: list) -> list[dict[str, float]]:
-    """Each driver's test metrics (as its own ``evaluate()``), those that can share a pass evaluated in one."""
-    out: dict[int, dict[str, float]] = {}
+def evaluate_together(drivers: list, say=None) -> list[tuple[dict[str, float] | None, Exception | None]]:
+    """Each driver's test metrics (as its own ``evaluate()``), those that can share a pass evaluated in one, or the
+    error its own evaluation raised (a shared pass that fails is done again run by run, ``say`` says so once)."""
+    out: dict[int, tuple] = {}
     for part in _parts(drivers):
-        metrics = _evaluate(part) if len(part) > 1 else [part[0].evaluate()]
-        out.update((id(d), m) for d, m in zip(part, metrics))
+        metrics = None
+        if len(part) > 1:
+            try:
+                metrics = _evaluate(part)
+            except Exception as e:  # noqa: BLE001 - each run's own evaluation decides what fails
+                if say is not None:
+                    say(f"fedlight lockstep: evaluating {len(part)} runs in one pass failed ({type(e).__name__}: "
+                        f"{e}); each run evaluates alone")
+        for j, d in enumerate(part):
+            out[id(d)] = (metrics[j], None) if metrics is not None else _alone(d)
     return [out[id(d)] for d in drivers]
+
+
+def _alone(driver) -> tuple[dict[str, float] | None, Exception | None]:
+    try:
+        return driver.evaluate(), None
+    except Exception as e:  # noqa: BLE001 - handed to the run, which fails as it would alone
+        return None, e
 
 
 def _parts(drivers: list) -> list[list]:

@@ -169,6 +169,23 @@ def test_batched_evaluation_equals_each_runs_own(tmp_path, spy_eval):
         assert_same_run(tmp_path / f"g{s}", tmp_path / f"a{s}", 1e-12)
 
 
+def test_a_shared_pass_or_union_that_fails_is_done_run_by_run(tmp_path, monkeypatch):
+    """Evaluating or training together failing (here: made to fail) is redone by each run alone, to its numbers."""
+    from fedlight.engine import lockstep
+
+    def boom(*a, **k):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(lockstep_eval, "_evaluate", boom)
+    monkeypatch.setattr(lockstep, "train_together", boom)
+    said = []
+    res = lockstep_fit([_run(tmp_path, f"g{s}", "fedavg", s, "vmap") for s in range(2)], say=said.append)
+    assert all(v["rounds_completed"] == 3 for v in res.values())
+    assert any("each run evaluates alone" in x for x in said) and any("each run trains its own" in x for x in said)
+    fedlight.fit(**_run(tmp_path, "a1", "fedavg", 1, "sequential"))
+    assert_same_run(tmp_path / "g1", tmp_path / "a1", 1e-12)
+
+
 def test_a_diverging_or_failing_member_leaves_without_stopping_the_others(tmp_path):
     runs = [_run(tmp_path, f"g{s}", "fedavg", s, "vmap") for s in range(3)]
     runs[1]["loop"] = dataclasses.replace(runs[1]["loop"], lr=1e30, max_grad_norm=None)
