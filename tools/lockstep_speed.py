@@ -4,7 +4,8 @@ Arms, interleaved per repetition (the order rotates, so a load that drifts on a 
 ``lockstep``: the seeds as one ``fedlight lockstep`` group (stacked runner); ``one by one``: the same runs one after
 another with the same runner; ``one by one, default runner``: the runs as ``fedlight fit`` trains them by default on
 this device (on CPU the sequential runner). Every run is a whole ``fedlight fit`` (data set-up, rounds, evaluation,
-checkpoints) in a fresh folder, after one untimed round of each arm (imports, caches). Prints each arm's seconds per repetition, the medians and the ratios.
+checkpoints) in a fresh folder, after one untimed round of each arm (imports, caches). Prints each arm's wall and
+CPU seconds per repetition, the medians and the ratios.
 
     python tools/lockstep_speed.py                       # 3 seeds of the Fashion-MNIST MLP recipe, 3 rounds, 3 reps
     python tools/lockstep_speed.py --smoke               # tiny.yaml, 2 rounds, 1 rep (the suite runs this)
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import statistics
 import sys
 import tempfile
@@ -48,8 +50,10 @@ def arms(config: str, rounds: int, seeds: list[int], out: Path) -> dict[str, cal
     return {"lockstep": lockstep, "one by one": one_by_one("vmap"), "one by one, default runner": one_by_one(None)}
 
 
-def measure(config: str, rounds: int, seeds: list[int], reps: int) -> dict[str, list[float]]:
+def measure(config: str, rounds: int, seeds: list[int], reps: int) -> tuple[dict, dict]:
+    """Per arm, the wall and the CPU seconds (``time.process_time``: not the time descheduled) of each repetition."""
     times: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         todo = arms(config, rounds, seeds, Path(tmp))
         names = list(todo)
@@ -60,11 +64,12 @@ def measure(config: str, rounds: int, seeds: list[int], reps: int) -> dict[str, 
             for name in names[rep % len(names):] + names[:rep % len(names)]:  # rotate the order
                 quiet = io.StringIO()
                 with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-                    t = time.perf_counter()
+                    t, c = time.perf_counter(), time.process_time()
                     todo[name]()
                     times.setdefault(name, []).append(time.perf_counter() - t)
-                print(f"rep {rep + 1} {name}: {times[name][-1]:.2f} s", flush=True)
-    return times
+                    cpu.setdefault(name, []).append(time.process_time() - c)
+                print(f"rep {rep + 1} {name}: {times[name][-1]:.2f} s wall, {cpu[name][-1]:.2f} s CPU", flush=True)
+    return times, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,14 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    times = measure(a.config, a.rounds, list(range(a.seeds)), a.reps)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"{a.seeds} seeds x {a.rounds} rounds of {Path(a.config).name}, {a.reps} repetitions, 1 thread; medians:")
-    for k, v in med.items():
-        print(f"  {k}: {v:.2f} s ({v / (a.seeds * a.rounds):.3f} s per run-round)")
-    print(f"ratio one by one / lockstep (same stacked runner): {med['one by one'] / med['lockstep']:.3f}")
-    print(f"ratio one by one with the default runner / lockstep: "
-          f"{med['one by one, default runner'] / med['lockstep']:.3f}")
+    times, cpu = measure(a.config, a.rounds, list(range(a.seeds)), a.reps)
+    print(f"{a.seeds} seeds x {a.rounds} rounds of {Path(a.config).name}, {a.reps} repetitions, 1 thread, load "
+          f"average {os.getloadavg()[0]:.1f}; medians, wall / CPU:")
+    for name, label in (("wall", times), ("CPU", cpu)):
+        med = {k: statistics.median(v) for k, v in label.items()}
+        if name == "wall":
+            for k in med:
+                print(f"  {k}: {med[k]:.2f} s wall, {statistics.median(cpu[k]):.2f} s CPU")
+        print(f"ratio one by one / lockstep (same stacked runner), {name}: {med['one by one'] / med['lockstep']:.3f}")
+        print(f"ratio one by one with the default runner / lockstep, {name}: "
+              f"{med['one by one, default runner'] / med['lockstep']:.3f}")
     return 0
 
 
