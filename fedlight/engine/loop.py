@@ -6,9 +6,8 @@ share across ranks, reduce, ``server.update``. It owns Fabric, devices, precisio
 its schedule, and never special-cases an algorithm: it calls the rule contract of :mod:`fedlight.core.rules`.
 Evaluation, checkpoints, resume and stops belong to the fit driver (:class:`~fedlight.engine.driver.FitDriver`).
 
-Multi-process simulation is client-parallel: each rank trains its share of the round's clients on its
-own copy of the one model instance; the weighted sums are all-reduced in float64. The model is
-never wrapped in DDP.
+Multi-process simulation is client-parallel: each rank trains its share of the round's clients on its own copy of
+the one model instance; the weighted sums are all-reduced in float64. The model is never wrapped in DDP.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from fedlight.core.sampling import assign_clients, client_fails, client_generato
 from fedlight.engine.aggregate import Accumulator, Reduced
 from fedlight.engine.client_store import ClientStateStore
 from fedlight.engine.local_schedule import local_schedule
-from fedlight.engine.loop_state import LoopState
+from fedlight.engine.loop_state import LoopState, step_counters
 from fedlight.engine.round_row import RoundRow, client_entries
 from fedlight.engine.work import Work, drive
 from fedlight.run.files import fault, to_device
@@ -113,7 +112,7 @@ class FederatedLoop:
                     torch.distributed.broadcast(t.data, src=0)
         x = P.clone(self.live)
         self.server.setup(x)
-        self.state = LoopState(params=x, buffers=P.clone(self.live_buffers), int_buffers=_step_counters(self.model),
+        self.state = LoopState(params=x, buffers=P.clone(self.live_buffers), int_buffers=step_counters(self.model),
                                server=self.server, store=self._store(), meta=self._meta(x))
         setup = TrainSetup(model=self.model, local=self.local, fabric=fabric,
                            optimizer=optimizer or cfg.optimizer_factory(), task=self.task,
@@ -139,7 +138,6 @@ class FederatedLoop:
                 "model": type(self.model).__name__, "shapes": {k: list(v.shape) for k, v in x.items()},
                 "num_clients": self.data.num_clients, "seed": self.seed}
 
-    # ----------------------------------------------------------------------------------------- the state
     @property
     def x(self) -> Params:
         """``x_r``: the global parameters (``state.params``)."""
@@ -162,7 +160,6 @@ class FederatedLoop:
         P.copy_(self.live, self.state.params)
         P.copy_(self.live_buffers, self.state.buffers)
 
-    # ----------------------------------------------------------------------------------------- schedule
     def num_steps(self, client_id: int) -> int:
         if self.cfg.local_steps is not None:
             return self.cfg.local_steps
@@ -173,14 +170,14 @@ class FederatedLoop:
 
     # ----------------------------------------------------------------------------------------- a round
     def run_round(self, r: int) -> dict[str, Any]:
-        """Round ``r`` (``state.rounds_done``, 0-based): plan → train this rank's clients → share across ranks →
-        reduce → ``server.aggregate`` (if the rule overrides it) → ``server.update``. Afterwards
-        ``state.rounds_done == r + 1``. Returns the round's metrics row."""
+        """Round ``r``, its clients trained by this run's runner (:meth:`round_steps`); returns its metrics row."""
         return drive(self.round_steps(r))
 
     def round_steps(self, r: int) -> Generator[Work, Any, dict[str, Any]]:
-        """:meth:`run_round` with its clients trained by whoever drives it: it yields the round's :class:`Work` and
-        is sent the outcomes (a lockstep group, :mod:`fedlight.engine.lockstep`, trains several runs' together)."""
+        """Round ``r`` (``state.rounds_done``, 0-based): plan → train this rank's clients (it yields their
+        :class:`Work` and is sent the outcomes: a lockstep group trains several runs' together) → share across ranks →
+        reduce → ``server.aggregate`` (if the rule overrides it) → ``server.update``. Afterwards
+        ``state.rounds_done == r + 1``. Returns the round's metrics row."""
         st, t0 = self.state, time.perf_counter()
         if st.clock is None:  # this process's first round: the run's wall clock goes on from here
             st.clock = t0
@@ -300,8 +297,3 @@ class FederatedLoop:
         agg.metrics = red.result.metrics
         return agg
 
-
-def _step_counters(model: nn.Module) -> Params:
-    """BatchNorm step counters: never averaged; advanced by one client's K per round. Other integer buffers (e.g.
-    Swin's relative_position_index) are constants and are left alone."""
-    return {n: b for n, b in model.named_buffers() if n.endswith("num_batches_tracked")}
