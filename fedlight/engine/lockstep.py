@@ -67,7 +67,7 @@ class Lockstep:
                     m.steps.close()
         together = sum(n for n in self.shared if n > 1)
         self.say(f"fedlight lockstep: {len(self.members)} runs; {together} of {sum(self.shared)} run-rounds trained "
-                 f"their clients with other runs' in one stacked union")
+                 f"their clients in one stacked runner with other runs'")
         return {m.name: m.result for m in self.members}
 
     def _train(self, part: list[Member]) -> list[Any]:
@@ -100,14 +100,23 @@ def _parts(live: list[Member]) -> list[list[Member]]:
 
 
 def train_together(works: list[Work]) -> list[Any]:
-    """Train the clients of ``works`` (that :func:`shares_chunk` agrees on) in the first one's runner (its
-    ``loop.vmap_chunk`` bounds the union's chunks): each work's outcomes, in its job order. One work alone trains as
-    it would alone (lazily)."""
+    """Train the clients of ``works`` (that :func:`shares_chunk` agrees on) in the first one's runner: each work's
+    outcomes, in its job order. One work alone trains as it would alone (lazily).
+
+    Its ``loop.vmap_chunk`` bounds the union's chunks; unset, the union is one chunk on a GPU, and on CPU chunks of at
+    most one run's round: there a stacked step's cost per client grows with the stack (30 stacked MLP clients cost
+    14 % more CPU time than 3 × 10, results/performance.md §12), so runs gain nothing from sharing a chunk."""
     if len(works) == 1:
         return [works[0].run()]
-    lead = works[0]
+    lead, runner = works[0], works[0].runner
     jobs = [dataclasses.replace(j, buffers=w.buffers) for w in works for j in w.jobs]
-    outs = list(lead.runner.train(jobs, lead.info, lead.buffers))
+    chunk = runner.chunk
+    if chunk is None and runner.setup.device.type == "cpu":  # see CPU_CHUNK
+        runner.chunk = max(len(w.jobs) for w in works)
+    try:
+        outs = list(runner.train(jobs, lead.info, lead.buffers))
+    finally:
+        runner.chunk = chunk
     cuts = [0]
     for w in works:
         cuts.append(cuts[-1] + len(w.jobs))

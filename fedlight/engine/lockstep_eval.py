@@ -1,8 +1,9 @@
 """Evaluation batched over runs: the global models of a lockstep group's runs, evaluated in one pass over their
 shared test set.
 
-Runs evaluate together when they share the model architecture, the task type, the precision (one Fabric) and the
-test set itself (``test_subset`` draws it from the run seed, so seeds with a subset evaluate apart). Each test batch
+Runs evaluate together (on a GPU; on CPU see :data:`ON_CPU`) when they share the model architecture, the task type,
+the precision (one Fabric) and the test set itself (``test_subset`` draws it from the run seed, so seeds with a
+subset evaluate apart). Each test batch
 goes once through ``vmap`` of ``functional_call`` over the runs' stacked parameters and buffers (eval mode), under the
 precision plugin as a run's own evaluation; each run's task then adds its slice of the outputs to its own metrics,
 through the same ``Task.update`` its own evaluation calls. Anything else (a run alone, several processes) is each
@@ -56,7 +57,14 @@ def _parts(drivers: list) -> list[list]:
     return parts
 
 
+ON_CPU = False
+"""Evaluate runs in one pass on CPU too: off, as there it costs more CPU time than the runs one by one (16 % for three
+Fashion-MNIST MLPs, results/performance.md §12); the tests turn it on."""
+
+
 def _same_pass(a, b) -> bool:
+    if a.device.type == "cpu" and not ON_CPU:
+        return False
     if a.fabric is not b.fabric or a.fabric.world_size > 1 or type(a.task) is not type(b.task):
         return False
     if type(a.model) is not type(b.model) or a.state.meta["shapes"] != b.state.meta["shapes"]:

@@ -38,10 +38,13 @@ TIMING = ("time", "seconds", "rss_mb", "warm_up", "_s")
 
 
 def _run(tmp: Path, name: str, row: str, seed: int, parallelism: str, precision: str = "64-true", **loop) -> dict:
+    """One run's ``fit`` arguments; ``vmap`` runs take chunks of up to 9 clients (unset, a CPU group would train
+    each run's clients apart: ``engine.lockstep.train_together``)."""
     alg, args = TABLE2[row]
     clients = image_clients(num_clients=6, seed=0)
     cfg = {"rounds": 3, "clients_per_round": 3, "local_steps": 3, "lr": 0.05, "progress": False,
-           "client_parallelism": parallelism, "targets": [0.5], **loop}
+           "client_parallelism": parallelism, "targets": [0.5], **({"vmap_chunk": 9} if parallelism == "vmap" else {}),
+           **loop}
     return dict(model=tiny_cnn(seed), data=TensorClients(clients, test=clients[0], batch_size=4),
                 algorithm=fedlight.create(alg, **args), loop=LoopConfig(**cfg), seed=seed, out_dir=str(tmp / name),
                 precision=precision, loggers=None)
@@ -112,6 +115,11 @@ def _close(x, y, rel: float, where: str) -> None:
         assert x == y, where
 
 
+@pytest.fixture(autouse=True)
+def batched_eval_on_cpu(monkeypatch):
+    monkeypatch.setattr(lockstep_eval, "ON_CPU", True)
+
+
 @pytest.fixture
 def spy_eval(monkeypatch):
     calls = []
@@ -167,6 +175,18 @@ def test_batched_evaluation_equals_each_runs_own(tmp_path, spy_eval):
         alone["data"] = runs[s]["data"]
         fedlight.fit(**alone)
         assert_same_run(tmp_path / f"g{s}", tmp_path / f"a{s}", 1e-12)
+
+
+@pytest.mark.parametrize("chunk", [None, 9])
+def test_union_chunks_on_cpu(chunk, tmp_path, monkeypatch):
+    """On CPU a union's chunks hold one run's round unless ``loop.vmap_chunk`` says more (then runs share one)."""
+    from fedlight.runners.stacked import StackedRunner
+
+    sizes, real = [], StackedRunner.train_chunk
+    monkeypatch.setattr(StackedRunner, "train_chunk", lambda self, jobs, *a: sizes.append(len(jobs)) or real(
+        self, jobs, *a))
+    lockstep_fit([_run(tmp_path, f"g{s}", "fedavg", s, "vmap", vmap_chunk=chunk) for s in range(3)])
+    assert sizes == [3] * 9 if chunk is None else [9] * 3
 
 
 def test_a_shared_pass_or_union_that_fails_is_done_run_by_run(tmp_path, monkeypatch):
