@@ -36,17 +36,17 @@ def test_modes():
     assert lockstep_runs.parse_mode("auto") == "auto" and lockstep_runs.parse_mode("3") == 3
     with pytest.raises(ConfigError, match="--lockstep"):
         lockstep_runs.parse_mode("0")
-    assert lockstep_runs.decide("off", ["--loop.client_parallelism", "vmap"], "local")[0] == 1
-    assert lockstep_runs.decide("auto", ["--loop.client_parallelism", "vmap"], "local")[0] is None
-    assert lockstep_runs.decide(2, [], "local")[0] == 2
-    assert lockstep_runs.decide("auto", [], "slurm")[0] == 1
+    assert lockstep_runs.decide("off", "local")[0] == 1 and lockstep_runs.decide("on", "local")[0] is None
+    assert lockstep_runs.decide("auto", "local")[0] == (None if torch.cuda.is_available() else 1)
+    assert lockstep_runs.decide(2, "local")[0] == 2
+    assert lockstep_runs.decide("auto", "slurm")[0] == 1
     with pytest.raises(ConfigError, match="slurm"):
-        lockstep_runs.decide("on", [], "slurm")
+        lockstep_runs.decide("on", "slurm")
 
 
 def test_reproduce_groups_seeds_and_rows_of_one_local_rule(tmp_path, capsys, monkeypatch):
     spec, out = write_spec(tmp_path / "t.yaml"), tmp_path / "out"
-    args = [str(spec), "--seeds", "2", "--shrink", SHRINK, "--out", str(out), "--fit-args", VMAP]
+    args = [str(spec), "--seeds", "2", "--shrink", SHRINK, "--out", str(out), "--fit-args", VMAP, "--lockstep", "on"]
     assert main(["reproduce", *args, "--dry-run"]) == 0
     commands = capsys.readouterr().out.splitlines()
     assert len(commands) == 2 and all(c.startswith("fedlight lockstep ") for c in commands)

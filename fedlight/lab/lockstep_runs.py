@@ -35,7 +35,7 @@ def parse_mode(text: str) -> int | str:
     return n
 
 
-def decide(mode: int | str, execution: list[str], launcher: str) -> tuple[int | None, str]:
+def decide(mode: int | str, launcher: str) -> tuple[int | None, str]:
     """The largest group (``None``: no limit, 1: no groups) and why, for ``--lockstep MODE``."""
     if mode == "off":
         return 1, "--lockstep off"
@@ -45,20 +45,10 @@ def decide(mode: int | str, execution: list[str], launcher: str) -> tuple[int | 
         return 1, "--launcher slurm: one job per run"
     if mode != "auto":
         return (None if mode == "on" else int(mode)), f"--lockstep {mode}"
-    stacked = "vmap" in _value(execution, "--loop.client_parallelism") or _cuda()
-    if not stacked:
-        return 1, ("auto: off on CPU, where runs train with the sequential runner; pass `--fit-args \"--loop."
-                   "client_parallelism vmap\"` and `--lockstep on` to group them")
-    return None, "auto: the runs train with the stacked runner"
-
-
-def _value(args: list[str], flag: str) -> str:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return ""
+    if not _cuda():
+        return 1, ("auto: off on CPU, where a group trains no faster than its runs one by one (results/performance.md "
+                   "§12); `--lockstep on` groups them anyway (one process per group)")
+    return None, "auto: on a GPU"
 
 
 def _cuda() -> bool:

@@ -106,8 +106,8 @@ def cmd_reproduce(argv: list[str]) -> int:
     p.add_argument("--lockstep", default="auto", metavar="auto|on|off|N", help="train the runs that can share a "
                    "stacked chunk (the seeds of a row; rows with the same local rule, e.g. FedAvg and FedAvgM) as "
                    "lockstep groups, one process each (`fedlight lockstep`): on, off, N (groups of at most N runs), "
-                   "or auto (default): on where runs train stacked (a GPU, or --fit-args \"--loop.client_parallelism "
-                   "vmap\"), off on CPU. Each run keeps its own directory, outcome and resume")
+                   "or auto (default): on with a GPU, off on CPU (where it gains nothing). Each run keeps its own "
+                   "directory, outcome and resume")
     runner.cluster_arguments(p)
     a = p.parse_args(argv)
     lockstep = lockstep_runs.parse_mode(a.lockstep)
@@ -126,7 +126,7 @@ def cmd_reproduce(argv: list[str]) -> int:
     check(len(todo) > 0, f"`--cells {a.cells}` matches none of: {', '.join(c.name for c in every)}")
     runs = runner.plan(spec, every, seeds, out, a.shrink, runner.execution_args(a.fit_args), table=spec_path.stem)
     chosen = [r for r in runs if any(r.cell is c for c in todo)]
-    limit, why = lockstep_runs.decide(lockstep, runner.execution_args(a.fit_args), a.launcher)
+    limit, why = lockstep_runs.decide(lockstep, a.launcher)
     units = lockstep_runs.group(chosen, spec, limit)
     if a.dry_run:
         print("\n".join(shlex.join(["fedlight", *r.argv]) for r in units))
