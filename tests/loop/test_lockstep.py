@@ -277,5 +277,6 @@ def test_speed_tool_smoke(capsys):
     finally:
         sys.path.pop(0)
     assert lockstep_speed.main(["--smoke"]) == 0
+    assert lockstep_speed.main(["--parts", "--smoke"]) == 0
     out = capsys.readouterr().out
-    assert "ratio one by one / lockstep" in out and "rep 1 lockstep" in out
+    assert "ratio one by one / lockstep" in out and "rep 1 lockstep" in out and "1 x 30 / 3 x 10" in out
