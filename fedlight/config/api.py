@@ -8,6 +8,7 @@ checkpoint to resume), builds the engine — :class:`~fedlight.engine.loop.Feder
 from __future__ import annotations
 
 import sys
+from collections.abc import Generator
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from fedlight.core.rules import Algorithm
 from fedlight.data import FederatedDataModule
 from fedlight.data.augment import adopt_preprocessing
 from fedlight.data.mapstyle import DataModuleLike
+from fedlight.engine.work import Evaluation, Work, drive
 from fedlight.privacy.record import uses_per_round
 from fedlight.privacy.settings import PrivacyConfig
 from fedlight.privacy.wrap import check_model, private
@@ -90,14 +92,23 @@ def fit(
         fedlight.run.stops.RunDirError: a write to ``out_dir`` failed during the run; the message names the file and
             the last complete checkpoint.
     """
-    plan = resolve_plan(model, data, algorithm, loop, seed, out_dir, accelerator, precision, task, _config_text,
-                 (devices, num_nodes), privacy)
-    plan.trackers = tracker_entries.parse(loggers)  # a bad entry or a missing package: exit 2 here
+    return drive(fit_steps(dict(locals())))
+
+
+def fit_steps(args: dict[str, Any], fabric=None) -> Generator[Work | Evaluation, Any, dict[str, Any]]:
+    """:func:`fit` (``args``: its arguments by name) as a generator of its rounds' work (:mod:`fedlight.engine.work`;
+    a lockstep group, :mod:`fedlight.engine.lockstep`, drives several); ``fabric``: a launched one to share."""
+    a = args
+    plan = resolve_plan(a["model"], a.get("data"), a.get("algorithm"), a.get("loop", LoopConfig()), a.get("seed", 0),
+                        a.get("out_dir"), a.get("accelerator", "auto"), a.get("precision"), a.get("task"),
+                        a.get("_config_text"), (a.get("devices", 1), a.get("num_nodes", 1)), a.get("privacy"))
+    plan.trackers = tracker_entries.parse(a.get("loggers", "tensorboard"))  # a bad entry or missing package: exit 2
     plan.before = snapshot(plan.out)  # what the start decision reads, compared again under the lock
-    plan.ckpt_path, plan.ckpt, plan.clear = resumes.start(plan.out, resume, overwrite, plan.defining)
+    plan.ckpt_path, plan.ckpt, plan.clear = resumes.start(plan.out, a.get("resume"), a.get("overwrite", False),
+                                                          plan.defining)
     from fedlight.config import launch
 
-    fabric = launch.fabric(plan.accelerator, devices, num_nodes, plan.precision)
+    fabric = fabric or launch.fabric(plan.accelerator, a.get("devices", 1), a.get("num_nodes", 1), plan.precision)
     record = _record(fabric, plan)
     refused, agreed = True, False
     try:
@@ -105,7 +116,7 @@ def fit(
         _annotate(record, driver, plan)
         refused = False
         try:
-            summary = _train(driver, record, plan)
+            summary = yield from _train(driver, record, plan)
         except stops.Stopped:
             agreed = True  # every process stops after the same round
             raise
@@ -136,7 +147,7 @@ def _record(fabric, plan: Plan) -> RunRecord:
     return record
 
 
-def _train(driver, record: RunRecord, plan: Plan) -> dict[str, Any]:
+def _train(driver, record: RunRecord, plan: Plan) -> Generator[Work | Evaluation, Any, dict[str, Any]]:
     """Open the run's files, run the rounds and finish: a failed write is one message (exit 74), a stop signal a
     clean stop."""
     effective = driver.task.effective  # what trained, where the loop settings do not apply
@@ -149,7 +160,7 @@ def _train(driver, record: RunRecord, plan: Plan) -> dict[str, Any]:
                     tensorboard=plan.trackers[0], run_id=driver.loop.state.run_id)
         launch.agree(driver.loop.fabric, lambda: _start_trackers(record, driver, plan, text))  # before round 1
         with stops.stop_signals():
-            driver.fit()
+            yield from driver.fit_steps()
             return driver.finish()
 
 

@@ -26,6 +26,8 @@ from fedlight.run.stops import EXIT_STATUSES, STOP_STATUSES, Stopped
 COMMANDS: dict[str, tuple[str, str]] = {
     "fit": ("fedlight.config.cli:cmd_fit",
             "train one recipe:  fedlight fit --config recipes/X.yaml [--loop.rounds 3 ...]"),
+    "lockstep": ("fedlight.config.group:cmd_lockstep", "train several runs in one process, round by round together: "
+                 "fedlight lockstep FIT_FLAGS --seeds 0,1,2"),
     "ls": ("fedlight.config.cli:cmd_ls", "list algorithms, models, datasets, partitioners, tasks and recipes"),
     "partition": ("fedlight.config.cli:cmd_partition",
                   "print per-client sizes and class histograms of a recipe's split"),
@@ -224,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     except stops.StoppedAtStart as e:  # during start-up (the rounds raise Stopped inside _main)
         print(f"fedlight: {e.stopped}", file=sys.stderr, flush=True)
         status = e.stopped.status
-    if argv is None and (status in STOP_STATUSES or sys.argv[1:2] == ["fit"]):
+    if argv is None and (status in STOP_STATUSES or sys.argv[1:2] in (["fit"], ["lockstep"])):
         leave(status)
     stops.restore(previous)  # called from Python: the caller's handlers again
     return status

@@ -13,6 +13,7 @@ restores the state the checkpoint holds. A run reads :meth:`FitDriver.prepare` �
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from fedlight.core.loop_config import LoopConfig
 from fedlight.core.rules import Algorithm
 from fedlight.engine.loop import Diverged, FederatedLoop
 from fedlight.engine.loop_state import key_problem, resume_problems
+from fedlight.engine.work import Evaluation, Work, drive
 from fedlight.errors import ConfigError, check
 from fedlight.run import stops
 from fedlight.run.atomic import atomic_torch_save
@@ -124,13 +126,17 @@ class FitDriver:
         """Run the remaining rounds: train → evaluate → hand the row (the state's last row, completed here) and
         (every ``save_every`` rounds) a checkpoint snapshot to the run record, which writes them in the background
         (see :mod:`fedlight.run.record`)."""
+        drive(self.fit_steps())
+
+    def fit_steps(self) -> Generator[Work, Any, None]:
+        """:meth:`fit`, yielding each round's :class:`~fedlight.engine.work.Work` to whoever trains it."""
         loop, record, state = self.loop, self.record, self.loop.state
         record.progress.key = loop.task.headline_key
         start = state.rounds_done
         record.begin(start, state.last_row)
         loop.fabric.print(f"fedlight: client runner: {loop.runner.name} ({loop.runner_reason})")
         for r in range(start, loop.cfg.rounds):
-            row = self._fit_round(r)
+            row = yield from self._fit_round(r)
             if row is None:
                 break
             if r == start:
@@ -138,12 +144,12 @@ class FitDriver:
             row["rss_mb"] = rss_mb()
             self._record(row)
 
-    def _fit_round(self, r: int) -> dict[str, Any] | None:
+    def _fit_round(self, r: int) -> Generator[Work, Any, dict[str, Any] | None]:
         """Train and (when due) evaluate round ``r``; ``None`` when it diverged."""
         loop = self.loop
         self.record.phase("training", r)
         try:
-            row = loop.run_round(r)
+            row = yield from loop.round_steps(r)
         except Diverged as d:
             self.diverged_at = d.round + 1
             loop.fabric.print(f"fedlight: stopped, diverged in {d}; the last good checkpoint is kept")
@@ -151,7 +157,7 @@ class FitDriver:
         if (r + 1) % loop.cfg.eval_every == 0 or r + 1 == loop.cfg.rounds:
             self.record.phase("evaluating", r)
             t = time.perf_counter()
-            row.update(self.evaluate())
+            row.update((yield Evaluation(self)))
             row["eval_time_s"] = time.perf_counter() - t
         return row
 

@@ -6,14 +6,14 @@ share across ranks, reduce, ``server.update``. It owns Fabric, devices, precisio
 its schedule, and never special-cases an algorithm: it calls the rule contract of :mod:`fedlight.core.rules`.
 Evaluation, checkpoints, resume and stops belong to the fit driver (:class:`~fedlight.engine.driver.FitDriver`).
 
-Multi-process simulation is client-parallel: each rank trains its share of the round's clients on its
-own copy of the one model instance; the weighted sums are all-reduced in float64. The model is
-never wrapped in DDP.
+Multi-process simulation is client-parallel: each rank trains its share of the round's clients on its own copy of
+the one model instance; the weighted sums are all-reduced in float64. The model is never wrapped in DDP.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,9 @@ from fedlight.data import gather
 from fedlight.engine.aggregate import Accumulator, Reduced
 from fedlight.engine.client_store import ClientStateStore
 from fedlight.engine.local_schedule import local_schedule
-from fedlight.engine.loop_state import LoopState
+from fedlight.engine.loop_state import LoopState, step_counters
 from fedlight.engine.round_row import RoundRow, client_entries
+from fedlight.engine.work import Work, drive
 from fedlight.run.files import fault, to_device
 from fedlight.runners import ClientJob, TrainSetup, select_runner
 from fedlight.runners.base import OptimizerFactory
@@ -112,7 +113,7 @@ class FederatedLoop:
                     torch.distributed.broadcast(t.data, src=0)
         x = P.clone(self.live)
         self.server.setup(x)
-        self.state = LoopState(params=x, buffers=P.clone(self.live_buffers), int_buffers=_step_counters(self.model),
+        self.state = LoopState(params=x, buffers=P.clone(self.live_buffers), int_buffers=step_counters(self.model),
                                server=self.server, store=self._store(), meta=self._meta(x))
         setup = TrainSetup(model=self.model, local=self.local, fabric=fabric,
                            optimizer=optimizer or cfg.optimizer_factory(), task=self.task,
@@ -138,7 +139,6 @@ class FederatedLoop:
                 "model": type(self.model).__name__, "shapes": {k: list(v.shape) for k, v in x.items()},
                 "num_clients": self.data.num_clients, "seed": self.seed}
 
-    # ----------------------------------------------------------------------------------------- the state
     @property
     def x(self) -> Params:
         """``x_r``: the global parameters (``state.params``)."""
@@ -161,7 +161,6 @@ class FederatedLoop:
         P.copy_(self.live, self.state.params)
         P.copy_(self.live_buffers, self.state.buffers)
 
-    # ----------------------------------------------------------------------------------------- schedule
     def num_steps(self, client_id: int) -> int:
         if self.cfg.local_steps is not None:
             return self.cfg.local_steps
@@ -172,7 +171,12 @@ class FederatedLoop:
 
     # ----------------------------------------------------------------------------------------- a round
     def run_round(self, r: int) -> dict[str, Any]:
-        """Round ``r`` (``state.rounds_done``, 0-based): plan → train this rank's clients → share across ranks →
+        """Round ``r``, its clients trained by this run's runner (:meth:`round_steps`); returns its metrics row."""
+        return drive(self.round_steps(r))
+
+    def round_steps(self, r: int) -> Generator[Work, Any, dict[str, Any]]:
+        """Round ``r`` (``state.rounds_done``, 0-based): plan → train this rank's clients (it yields their
+        :class:`Work` and is sent the outcomes: a lockstep group trains several runs' together) → share across ranks →
         reduce → ``server.aggregate`` (if the rule overrides it) → ``server.update``. Afterwards
         ``state.rounds_done == r + 1``. Returns the round's metrics row."""
         st, t0 = self.state, time.perf_counter()
@@ -181,7 +185,8 @@ class FederatedLoop:
         plan = self.plan(r)
         self.task.begin_round(plan.info)
         counts = {k: b.clone() for k, b in st.int_buffers.items()}
-        got = self._collect(self.runner.train(self.jobs(plan), plan.info, st.buffers), plan)
+        outcomes = yield Work(self.jobs(plan), plan.info, st.buffers, self.runner)
+        got = self._collect(outcomes, plan)
         P.copy_(st.int_buffers, counts)  # clients' forward passes do not count; the round advances them below
         t_train = time.perf_counter()
         got = self._exchange(got)
@@ -303,8 +308,3 @@ class FederatedLoop:
         agg.metrics = red.result.metrics
         return agg
 
-
-def _step_counters(model: nn.Module) -> Params:
-    """BatchNorm step counters: never averaged; advanced by one client's K per round. Other integer buffers (e.g.
-    Swin's relative_position_index) are constants and are left alone."""
-    return {n: b for n, b in model.named_buffers() if n.endswith("num_batches_tracked")}

@@ -150,3 +150,9 @@ def resume_problems(ckpt: dict[str, Any], meta: dict[str, Any], settings: dict[s
     if not problems and settings and there:
         problems = differences(there, settings)
     return problems
+
+
+def step_counters(model) -> dict:
+    """BatchNorm step counters: never averaged; advanced by one client's K per round. Other integer buffers (e.g.
+    Swin's relative_position_index) are constants and are left alone."""
+    return {n: b for n, b in model.named_buffers() if n.endswith("num_batches_tracked")}

@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 
 from fedlight.errors import check
+from fedlight.lab import lockstep_runs, runner, table_report
 from fedlight.lab import report as rep
-from fedlight.lab import runner, table_report
 from fedlight.lab.report_plot import check_curve_keys
 from fedlight.lab.runner import Run
 from fedlight.lab.table_spec import base_path, cells, check_task_metrics, find_spec, load_spec, with_params
@@ -103,8 +103,14 @@ def cmd_reproduce(argv: list[str]) -> int:
                    "running, stopped, done, failed with the last line of its fit.log) and stop")
     p.add_argument("--tuned", default=None, metavar="STUDY", help="run each row at the best values of its `fedlight "
                    "tune` study: the tune output folder (or its storage URL); the table shows them in a column")
+    p.add_argument("--lockstep", default="auto", metavar="auto|on|off|N", help="train the runs that can share a "
+                   "stacked chunk (the seeds of a row; rows with the same local rule, e.g. FedAvg and FedAvgM) as "
+                   "lockstep groups, one process each (`fedlight lockstep`): on, off, N (groups of at most N runs), "
+                   "or auto (default): on with a GPU, off on CPU (where it gains nothing). Each run keeps its own "
+                   "directory, outcome and resume")
     runner.cluster_arguments(p)
     a = p.parse_args(argv)
+    lockstep = lockstep_runs.parse_mode(a.lockstep)
     spec_path = find_spec(a.spec)
     spec = load_spec(spec_path)
     check_task_metrics(spec)
@@ -120,14 +126,19 @@ def cmd_reproduce(argv: list[str]) -> int:
     check(len(todo) > 0, f"`--cells {a.cells}` matches none of: {', '.join(c.name for c in every)}")
     runs = runner.plan(spec, every, seeds, out, a.shrink, runner.execution_args(a.fit_args), table=spec_path.stem)
     chosen = [r for r in runs if any(r.cell is c for c in todo)]
+    limit, why = lockstep_runs.decide(lockstep, a.launcher)
+    units = lockstep_runs.group(chosen, spec, limit)
     if a.dry_run:
-        print("\n".join(shlex.join(["fedlight", *r.argv]) for r in {r.path: r for r in chosen}.values()))
+        print("\n".join(shlex.join(["fedlight", *r.argv]) for r in units))
         return 0
     if a.status:
         return runner.status(a, out, chosen)
     check(not a.table_only or out.is_dir() or previous is not None, f"`--table-only`: {out} does not exist, so it "
           "holds no run of this table; pass the --out its runs went to (or --previous TABLE_CSV), or run the table")
-    counts = {} if a.table_only else runner.launch(a, spec, chosen, out)
+    if len(units) < len({r.path for r in chosen}) and not a.table_only:
+        print(f"fedlight reproduce: {len({r.path for r in chosen})} runs in {len(units)} processes, the runs that "
+              f"share a stacked chunk in lockstep groups (--lockstep {why})", flush=True)
+    counts = {} if a.table_only else runner.launch(a, spec, units, out)
     if counts.get("signal"):  # stopped: the runs stopped after their round; the same command continues them
         name = counts["signal"]
         print(f"fedlight reproduce: stopped by {name}: {counts.get('stopped', 0)} runs stopped after a finished "

@@ -203,7 +203,7 @@ def run_all(runs: list[Run], jobs: int, slots: list[str] | None = None, env: dic
     lock, counts, t0, children, rounds = threading.Lock(), {}, time.time(), Children(), [0]
     lead = next((r for r in todo if r.valid() and not r.finished()), None) if stagger else None
     first = gpu_share.FirstRun(lead.path) if lead else None
-    total = f"/{len(todo)}" if source is None else ""
+    total = f"/{sum(len(getattr(r, 'runs', [r])) for r in todo)}" if source is None else ""  # groups: their runs
 
     def go(run) -> None:
         t, before = time.time(), run.rounds()
@@ -222,13 +222,14 @@ def run_all(runs: list[Run], jobs: int, slots: list[str] | None = None, env: dic
                 first.ended = True
         with lock:
             rounds[0] += max(0, run.rounds() - before)
-            counts[status] = counts.get(status, 0) + 1
-            hint = {"failed": f" — see {run.path / 'fit.log'}", "conflict": f" — {run.path} was made by another "
-                    "command (reproduce.json); delete it or pass another --out",
-                    "stopped": " — by a signal, after a round; the same command resumes it"}.get(status, "")
-            if status == "failed":
-                hint += gpu_share.memory_hint(run.path / "fit.log", env.get(gpu_share.FRACTION_ENV))
-            print(f"[{sum(counts.values())}{total}] {run.label}: {status} ({time.time() - t:.0f} s){hint}", flush=True)
+            for one, st in (status if isinstance(status, list) else [(run, status)]):  # a lockstep group: its runs'
+                counts[st] = counts.get(st, 0) + 1
+                hint = {"failed": f" — see {one.path / 'fit.log'}", "conflict": f" — {one.path} was made by another "
+                        "command (reproduce.json); delete it or pass another --out",
+                        "stopped": " — by a signal, after a round; the same command resumes it"}.get(st, "")
+                if st == "failed":
+                    hint += gpu_share.memory_hint(one.path / "fit.log", env.get(gpu_share.FRACTION_ENV))
+                print(f"[{sum(counts.values())}{total}] {one.label}: {st} ({time.time() - t:.0f} s){hint}", flush=True)
 
     items = iter(todo)
     take, errors = threading.Lock(), []

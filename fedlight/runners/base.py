@@ -67,6 +67,9 @@ class ClientJob:
     (instead of :attr:`batches`, never both) and the :attr:`batches` it stands for, so a stacked chunk gathers all its
     clients' batches at once (only while :attr:`batches` is still that one: a job given other batches keeps them);
     ``None``: only :attr:`batches`."""
+    buffers: Params | None = None
+    """The floating-point buffers the client starts from, when they are not the round's (a lockstep group trains
+    the clients of several runs, each from its own run's, in one stacked chunk)."""
 
 
 @dataclass(eq=False)

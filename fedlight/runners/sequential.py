@@ -38,7 +38,7 @@ class SequentialRunner:
     def stepwise(self, job: ClientJob, info: RoundInfo, buffers: Params) -> Generator[None, None, ClientOutcome]:
         """``train_one`` paused after each local step (a runner that interleaves clients advances several)."""
         s, model = self.setup, self.setup.model
-        P.copy_(self.live_buffers, buffers)
+        P.copy_(self.live_buffers, buffers if job.buffers is None else job.buffers)
         seed_client_torch(s.seed, info.round, job.client_id, s.device)
         ctx = context(s, job, info, self.live, job.state)
         model.train()

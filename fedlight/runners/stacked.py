@@ -107,20 +107,19 @@ class StackedRunner:
     def train(self, jobs: list[ClientJob], info: RoundInfo, buffers: Params) -> Iterator[ClientOutcome]:
         if self.chunk == "auto":
             self.chunk = self._auto_chunk(jobs)
-        done: dict[int, ClientOutcome] = {}
-        signature = {j.client_id: (j.batch_sizes, _keys(j.state)) for j in jobs}  # equal sizes fix K too
-        by_id = {j.client_id: j for j in jobs}
-        for group in groups([j.client_id for j in jobs], signature.__getitem__):
+        done: dict[int, ClientOutcome] = {}  # by position: a lockstep group's runs share client ids
+        signature = [(j.batch_sizes, _keys(j.state)) for j in jobs]  # equal sizes fix K too
+        for group in groups(range(len(jobs)), signature.__getitem__):
             pos = 0
             while pos < len(group):
-                part = [by_id[c] for c in group[pos : pos + (self.chunk or len(group))]]
-                outs = self._guarded(part, info, buffers)
+                part = group[pos : pos + (self.chunk or len(group))]
+                outs = self._guarded([jobs[i] for i in part], info, buffers)
                 if outs is None:  # out of memory: self.chunk is smaller now, redo from the same client
                     continue
-                done.update((o.client_id, o) for o in outs)
+                done.update(zip(part, outs))
                 pos += len(part)
-        for job in jobs:  # job order, so float64 sums match the sequential runner's
-            yield done.pop(job.client_id)
+        for i in range(len(jobs)):  # job order, so float64 sums match the sequential runner's
+            yield done.pop(i)
 
     def _guarded(self, jobs: list[ClientJob], info: RoundInfo, buffers: Params) -> list[ClientOutcome] | None:
         """``train_chunk``, with the fallbacks of the class docstring; ``None`` when the chunk must be redone."""
@@ -208,7 +207,8 @@ class StackedRunner:
                        scalars=stack_tree([j.broadcast.scalars for j in jobs], "broadcast.scalars"))
         seed_client_torch(s.seed, info.round, jobs[0].client_id, s.device)
         params = {k: v.detach().clone().requires_grad_(True) for k, v in bc.params.items()}
-        stacked_buffers = {k: v.expand(C, *v.shape).clone() for k, v in buffers.items()}
+        stacked_buffers = {k: v.expand(C, *v.shape).clone() for k, v in buffers.items()} if all(
+            j.buffers is None for j in jobs) else stack_tree([j.buffers for j in jobs], "buffers")
         lead = replace(jobs[0], broadcast=bc)
         ctx = context(s, lead, info, params, stack_tree([j.state for j in jobs], "client state"), cls=StackedContext,
                       buffers=stacked_buffers, forward=self.forward)

@@ -1,0 +1,163 @@
+"""Lockstep groups: one process advances several runs together, round by round.
+
+Every member is an ordinary run (its own seed, partition, sampling, server and client states, record, checkpoints
+and directory), written as the generator of its rounds' work (:func:`fedlight.config.api.fit_steps`, or
+:meth:`FitDriver.fit_steps <fedlight.engine.driver.FitDriver.fit_steps>`). Each round, every member begins its round
+and yields its :class:`~fedlight.engine.work.Work`; the group trains the union of the members' clients that can share
+a chunk in one stacked runner (:func:`shares_chunk`: same stacked runner settings, local rule, optimizer, model
+architecture, precision, round and lr), each client from its own run's broadcast, state and buffers; each member then
+ends its round (aggregate, server update, record, checkpoint) with its own outcomes, in its own job order. Members
+that evaluate in a round yield an :class:`~fedlight.engine.work.Evaluation`; those with the same test set are
+evaluated in one pass (:mod:`fedlight.engine.lockstep_eval`).
+
+A member that diverges, fails or is stopped leaves the group (its generator ends, its record closes as the run's
+would alone); the others go on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+from fedlight.engine.lockstep_eval import evaluate_together
+from fedlight.engine.work import Evaluation, Work
+
+
+@dataclass(eq=False)
+class Member:
+    name: str
+    steps: Generator
+    pending: Work | Evaluation | None = None
+    result: Any = None
+    """The run's return value (its summary), or the exception it ended with."""
+
+
+class Lockstep:
+    """Advances ``steps`` (name → a run's generator of work) together; :meth:`run` returns name → summary or the
+    exception the run ended with."""
+
+    def __init__(self, steps: dict[str, Generator], say=None) -> None:
+        self.members = [Member(name, gen) for name, gen in steps.items()]
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.shared: list[int] = []
+        """Per round, the size of each union trained (members sharing a chunk)."""
+
+    def run(self) -> dict[str, Any]:
+        try:
+            for m in self.members:
+                self._advance(m, None)
+            while live := [m for m in self.members if m.pending is not None]:
+                evals = [m for m in live if isinstance(m.pending, Evaluation)]
+                if evals:
+                    for m, (metrics, error) in zip(evals, evaluate_together([m.pending.driver for m in evals],
+                                                                            self.say)):
+                        self._advance(m, metrics, error)
+                    continue
+                for part in _parts(live):
+                    self.shared.append(len(part))
+                    for m, outs in zip(part, self._train(part)):
+                        self._advance(m, outs)
+        finally:
+            for m in self.members:  # an abort of the group (KeyboardInterrupt): each run closes its record
+                if m.pending is not None:
+                    m.steps.close()
+        together = sum(n for n in self.shared if n > 1)
+        self.say(f"fedlight lockstep: {len(self.members)} runs; {together} of {sum(self.shared)} run-rounds trained "
+                 f"their clients in one stacked runner with other runs'")
+        return {m.name: m.result for m in self.members}
+
+    def _train(self, part: list[Member]) -> list[Any]:
+        """The outcomes of each member's clients: trained together, or (when that fails) each run's own, lazily, so
+        that a run's own failure is raised in the run (which leaves the group as it would stop alone)."""
+        try:
+            return train_together([m.pending for m in part])
+        except Exception as e:  # noqa: BLE001 - see the docstring
+            self.say(f"fedlight lockstep: training {len(part)} runs' clients together failed ({type(e).__name__}: "
+                     f"{e}); each run trains its own this round")
+            return [m.pending.run() for m in part]
+
+    def _advance(self, m: Member, value: Any, error: Exception | None = None) -> None:
+        """Hand ``m`` what it waits for (or raise ``error`` in it, where it waits) and take what it asks next."""
+        try:
+            m.pending = m.steps.throw(error) if error is not None else m.steps.send(value)
+        except StopIteration as done:
+            m.pending, m.result = None, done.value
+        except Exception as e:  # noqa: BLE001 - the member leaves the group; the others go on
+            m.pending, m.result = None, e
+            self.say(f"fedlight lockstep: {m.name} left the group: {type(e).__name__}: {e}")
+
+
+def _parts(live: list[Member]) -> list[list[Member]]:
+    """The members whose clients train together: equal :func:`shares_chunk` keys, first-seen order."""
+    out: dict[Any, list[Member]] = {}
+    for m in live:
+        out.setdefault(shares_chunk(m.pending) or id(m), []).append(m)
+    return list(out.values())
+
+
+def train_together(works: list[Work]) -> list[Any]:
+    """Train the clients of ``works`` (that :func:`shares_chunk` agrees on) in the first one's runner: each work's
+    outcomes, in its job order. One work alone trains as it would alone (lazily).
+
+    Its ``loop.vmap_chunk`` bounds the union's chunks; unset, the union is one chunk on a GPU, and on CPU chunks of at
+    most one run's round: there a stacked step's cost per client grows with the stack (30 stacked MLP clients cost
+    14 % more CPU time than 3 × 10, results/performance.md §12), so runs gain nothing from sharing a chunk."""
+    if len(works) == 1:
+        return [works[0].run()]
+    lead, runner = works[0], works[0].runner
+    jobs = [dataclasses.replace(j, buffers=w.buffers) for w in works for j in w.jobs]
+    chunk = runner.chunk
+    if chunk is None and runner.setup.device.type == "cpu":  # see CPU_CHUNK
+        runner.chunk = max(len(w.jobs) for w in works)
+    try:
+        outs = list(runner.train(jobs, lead.info, lead.buffers))
+    finally:
+        runner.chunk = chunk
+    cuts = [0]
+    for w in works:
+        cuts.append(cuts[-1] + len(w.jobs))
+    return [iter(outs[a:b]) for a, b in zip(cuts, cuts[1:])]
+
+
+def shares_chunk(work: Work) -> tuple | None:
+    """What the clients of several runs must agree on to train as one stacked chunk; ``None`` when this run's
+    clients cannot share one (its runner is not stacked, or has fallen back to the sequential runner)."""
+    from fedlight.runners.stacked import StackedRunner
+
+    r = work.runner
+    if not isinstance(r, StackedRunner) or r.sequential is not None:
+        return None
+    s = r.setup
+    model = tuple((k, tuple(v.shape), v.dtype) for k, v in [*s.model.named_parameters(), *s.model.named_buffers()])
+    return (type(r), r.forward.compile, type(s.model), model, describe(s.local), describe(s.optimizer),
+            s.max_grad_norm, s.weight_decay, describe(s.task), id(s.fabric), work.info.round, work.info.lr)
+
+
+def describe(obj: Any, depth: int = 3) -> Any:
+    """A comparable description of a rule, optimizer factory or task: its type and its settings (numbers, strings,
+    and nested rule objects), never its tensors or data."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, (tuple, list)):
+        return tuple(describe(v, depth - 1) for v in obj) if depth else len(obj)
+    if isinstance(obj, functools.partial):
+        return ("partial", describe(obj.func, depth), describe(obj.args, depth), describe(obj.keywords, depth))
+    if isinstance(obj, dict):
+        return tuple((k, describe(v, depth - 1)) for k, v in sorted(obj.items())) if depth else len(obj)
+    if isinstance(obj, type) or callable(obj) and not hasattr(obj, "__dict__"):
+        return getattr(obj, "__qualname__", repr(obj))
+    kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
+    if depth == 0 or not type(obj).__module__.startswith(("fedlight", "torch.optim", "functools")):
+        return kind
+    fields = {k: v for k, v in vars(obj).items() if not k.startswith("_") and _setting(v)}
+    return (kind, describe(fields, depth - 1))
+
+
+def _setting(v: Any) -> bool:
+    """A value that can be a setting (not a tensor, module or data module)."""
+    return v is None or isinstance(v, (bool, int, float, str, tuple, list, dict, functools.partial)) or (
+        type(v).__module__.startswith("fedlight.") and not hasattr(v, "parameters") and not hasattr(v, "setup"))
