@@ -172,10 +172,20 @@ class GraphedStep:
         self.replay = capture(self._step, s.device)
         if s.device.type != "cuda":
             self._step()  # the warm-up a capture runs, so the CPU checks that the restore below undoes it
+            self.replay = self._host_unchanged
         load(self.tensors, saved)  # undo the warm-up's updates
 
     def _step(self) -> Tensor:
         return self.local.step(self.model, self.batch, self.ctx)
+
+    def _host_unchanged(self) -> Tensor:
+        """The CPU's replay: the step called directly, then the host values a graph replay leaves alone put back
+        (so the tests see the bookkeeping :meth:`run` does for a replay)."""
+        ctx = self.ctx
+        kept = ctx.lr_sum, ctx.step_index
+        loss = self._step()
+        ctx.lr_sum, ctx.step_index = kept
+        return loss
 
     def run(self, fresh: StackedContext, batches: Any, info: RoundInfo) -> Generator[Tensor, None, None]:
         """The chunk's steps on the static context, from ``fresh``'s values; yields each step's loss (a copy)."""
