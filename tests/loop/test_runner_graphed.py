@@ -3,7 +3,7 @@
 On a CPU the capture is replaced by direct calls of the rule's step on the route's own static buffers, lr tensor and
 clones, so everything but the CUDA graph itself is checked: 3 rounds with a decaying lr (a baked lr would replay
 round 1's), changing client sets, a clip, weight decay and BatchNorm, for FedAvg, FedSAM, FedNSAM and SCAFFOLD,
-bitwise in 64-true and 32-true (the update ``p.addcmul_(g, -lr)`` is the same fused multiply-add as SGD's
+bitwise in 64-true, 32-true and bf16-mixed (the update ``p.addcmul_(g, -lr)`` is the same fused multiply-add as SGD's
 ``p.add_(g, alpha=-lr)``). The ``cuda`` values run the same bodies through real graphs in a GPU window.
 """
 
@@ -35,7 +35,7 @@ def loop(name: str, route: str, precision: str, device: str = "cpu", **kw) -> Fe
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("precision", ["64-true", "32-true"])
+@pytest.mark.parametrize("precision", ["64-true", "32-true", "bf16-mixed"])
 @pytest.mark.parametrize("name", ["fedavg", "fedsam", "fednsam", "scaffold"])
 def test_graph_route_equals_eager_stacked(name, precision, device):
     eager, graphs = loop(name, "vmap", precision, device), loop(name, "graphs", precision, device)
