@@ -53,6 +53,9 @@ def select_runner(cfg, setup: TrainSetup, algorithm: str) -> tuple[ClientRunner,
         if why is not None:
             raise ConfigError(f"`loop.client_parallelism: graphs` cannot run {algorithm}: {why}. Use "
                               "`loop.client_parallelism: vmap` (eager stacked) or `sequential`")
+        if compile or channels_last:
+            say(setup, "fedlight: note: `loop.client_parallelism: graphs` runs the eager stacked step in CUDA graphs; "
+                       "`loop.compile` and `loop.channels_last` are not used on this route")
         return GraphedStackedRunner(setup, cfg.vmap_chunk), reason
     if mode == "vmap":
         cls = ChannelsLastStackedRunner if channels_last else StackedRunner
