@@ -108,7 +108,8 @@ if [ $BENCH = 1 ]; then  # the device benchmark and the CUDA values of the exact
   $PY tools/gpu_lockstep_bench.py $([ $MODE = smoke ] && echo --smoke) --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
   el "bench exit $?: $(tail -1 "$OUT/bench.txt")"; grep '^ratio' "$OUT/bench.txt"
   timeout 150 $PY -m pytest -q -p no:cacheprovider -k cuda tests/data/test_gather.py tests/loop/test_round_end.py \
-    tests/loop/test_runners.py tests/loop/test_runner_routes.py > "$OUT/cuda_tests.txt" 2>&1
+    tests/loop/test_runners.py tests/loop/test_runner_routes.py tests/loop/test_runner_graphed.py \
+    > "$OUT/cuda_tests.txt" 2>&1
   rc=$?; el "cuda tests exit $rc$([ $rc = 5 ] && echo ': none ran (no CUDA here)'): $(tail -1 "$OUT/cuda_tests.txt")"
 fi
 export FEDLIGHT_DATA=$D/data FEDLIGHT_CACHE=$D/cache TORCHINDUCTOR_CACHE_DIR=$D/cache/inductor

@@ -80,12 +80,12 @@ def lockstep_fit(runs: list[dict[str, Any]], say=None) -> dict[str, Any]:
     """Run ``runs`` (each the keyword arguments of :func:`fedlight.fit`, e.g. ``dict(model=..., data=..., seed=1,
     out_dir=...)``; each its own model and data objects) in lockstep on one Fabric: run directory → summary, or the
     exception the run ended with."""
-    from fedlight.config import api, launch
+    from fedlight.config import api, launch, plan
     from fedlight.engine.lockstep import Lockstep
     from fedlight.run import stops
 
-    devices = {api._resolve_device(k.get("accelerator", "auto"), k.get("precision"), k.get("algorithm")
-                                   or api._default_algorithm()) for k in runs}
+    devices = {plan.resolve_device(k.get("accelerator", "auto"), k.get("precision"), k.get("algorithm")
+                                   or plan.default_algorithm()) for k in runs}
     check(len(devices) == 1, f"`fedlight lockstep`: the runs of a group share one device and precision, got "
           f"{sorted(devices)}; run the others in another group")
     check(all(k.get("devices", 1) == 1 and k.get("num_nodes", 1) == 1 for k in runs),

@@ -67,12 +67,12 @@ def resolve_plan(model, data, algorithm, loop, seed, out_dir, accelerator, preci
     """Check the arguments, build a model given as a spec, describe the recipe and name the run directory."""
     from fedlight.tasks.lightning.compat import uncompiled
 
-    algorithm = algorithm if algorithm is not None else _default_algorithm()
+    algorithm = algorithm if algorithm is not None else default_algorithm()
     loop = python_defaults(algorithm, loop) if text is None else loop  # the CLI chose them already
     model = uncompiled(model)
     data = as_federated(data_or_own(data, model))
     _check_args(algorithm, data, loop, *world)
-    accelerator, precision = _resolve_device(accelerator, precision, algorithm)
+    accelerator, precision = resolve_device(accelerator, precision, algorithm)
     if privacy is not None:
         privacy_settings.validate(privacy, sampling=loop.sampling)  # bad values: one line, before anything is built
     model, text = _model_and_config(model, data, algorithm, task, loop, seed, precision, text, privacy)
@@ -101,7 +101,7 @@ def data_or_own(data, model) -> Any:
     return model
 
 
-def _resolve_device(accelerator: str, precision: str | None, algorithm) -> tuple[str, str]:
+def resolve_device(accelerator: str, precision: str | None, algorithm) -> tuple[str, str]:
     if accelerator == "auto":
         accelerator = "cuda" if torch.cuda.is_available() else "cpu"
     if precision is None:
@@ -147,5 +147,5 @@ def check_clients(loop: LoopConfig, num_clients: int | None) -> None:
               f"`loop.clients_per_round` ({loop.clients_per_round}) exceeds `data.num_clients` ({num_clients})")
 
 
-def _default_algorithm() -> Algorithm:
+def default_algorithm() -> Algorithm:
     return FedAvg()

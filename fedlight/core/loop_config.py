@@ -139,11 +139,13 @@ class LoopConfig:
     skip_client (drop that client's update for the round, count it, go on)."""
     client_dropout: float = 0.0
     """Probability that a sampled client fails to report (seeded by (seed, round, client)); its state is untouched."""
-    client_parallelism: Literal["auto", "sequential", "vmap", "streams"] = "auto"
+    client_parallelism: Literal["auto", "sequential", "vmap", "streams", "graphs"] = "auto"
     """How each process runs its clients (docs/speed.md; the log says which ran and why). auto: the fastest exact
     route measured on the device (CUDA: vmap with CUDA graphs) that the rule and model allow, else sequential.
     sequential: one after another. vmap: stacked along a client dimension (torch.func; memory grows with the
-    chunk). streams: a model copy per client, steps interleaved on CUDA streams with CUDA graphs (exact)."""
+    chunk). streams: a model copy per client, steps interleaved on CUDA streams with CUDA graphs (exact). graphs: vmap
+    with each whole step (forward, backward, update) replayed from a CUDA graph (FedAvg, FedSAM, FedNSAM, SCAFFOLD;
+    not yet measured on a GPU, so auto does not take it)."""
     vmap_chunk: int | str | None = None  # str, not Literal["auto"]: a wrong value gets the check's message
     """Stacked runner only: at most this many clients trained together (bounds memory); null: all of a group; auto:
     as many as fit in the free memory by the model's measured per-client footprint. A chunk that runs out of memory

@@ -31,6 +31,7 @@ ROUTES: dict[str, dict[str, Any]] = {  # in the order a short device window shou
     "stacked+channels_last": {"parallelism": "vmap", "compile": True, "channels_last": True},
     "streams+graphs": {"parallelism": "streams", "compile": "reduce-overhead", "channels_last": True},
     "sequential+compiled": {"parallelism": "sequential", "compile": True, "channels_last": True},
+    "stacked+whole-step-graphs": {"parallelism": "graphs", "compile": False},  # issue 57: not measured yet
 }
 """Route name → ``fedlight_loop`` keywords (``compile`` is replaced by ``smoke_backend`` on CPU); ``candidate``: a
 runner of :mod:`fedlight.lab.route_candidates` put in the stacked runner's place. Streams eager and streams compiled

@@ -6,6 +6,8 @@
   stay channels-last (:class:`~fedlight.runners.nhwc.ChannelsLastStackedRunner`).
 * :class:`StreamsRunner` — a chunk's clients on their own model copies, their steps interleaved on CUDA streams, each
   copy with CUDA graphs: for the models and rules that cannot run stacked exactly (dropout).
+* :class:`~fedlight.runners.graphed.GraphedStackedRunner` — the stacked runner with each whole step replayed from a
+  CUDA graph (``loop.client_parallelism: graphs``; chosen explicitly, not yet by ``auto``).
 
 :func:`select_runner` turns ``loop.client_parallelism`` / ``loop.compile`` into a runner and says why; ``auto``
 reads :data:`fedlight.runners.choice.AUTO`.
@@ -13,9 +15,11 @@ reads :data:`fedlight.runners.choice.AUTO`.
 
 from __future__ import annotations
 
+from fedlight.errors import ConfigError
 from fedlight.runners.base import ClientJob, ClientOutcome, ClientRunner, TrainSetup, compile_kwargs
 from fedlight.runners.choice import _drops as _drops  # re-exported: tests and tasks read it here
 from fedlight.runners.choice import pick_route
+from fedlight.runners.graphed import GraphedStackedRunner, graphs_blocker
 from fedlight.runners.guard import say
 from fedlight.runners.nhwc import ChannelsLastStackedRunner
 from fedlight.runners.sequential import SequentialRunner
@@ -44,6 +48,15 @@ def select_runner(cfg, setup: TrainSetup, algorithm: str) -> tuple[ClientRunner,
                 say(setup, "fedlight: note: the model has dropout; stacked clients (`loop.client_parallelism: vmap`) "
                            "draw their masks per stacked client, so the numbers differ from sequential training "
                            "(equal only in distribution); `sequential` or `streams` reproduce it exactly")
+    if mode == "graphs":
+        why = graphs_blocker(setup)
+        if why is not None:
+            raise ConfigError(f"`loop.client_parallelism: graphs` cannot run {algorithm}: {why}. Use "
+                              "`loop.client_parallelism: vmap` (eager stacked) or `sequential`")
+        if compile or channels_last:
+            say(setup, "fedlight: note: `loop.client_parallelism: graphs` runs the eager stacked step in CUDA graphs; "
+                       "`loop.compile` and `loop.channels_last` are not used on this route")
+        return GraphedStackedRunner(setup, cfg.vmap_chunk), reason
     if mode == "vmap":
         cls = ChannelsLastStackedRunner if channels_last else StackedRunner
         return cls(setup, cfg.vmap_chunk, compile or False), reason

@@ -201,6 +201,20 @@ class StackedRunner:
     def stepwise(self, jobs: list[ClientJob], info: RoundInfo,
                  buffers: Params) -> Generator[None, None, list[ClientOutcome]]:
         """``train_chunk`` paused after each stacked step (a runner that interleaves chunks advances several)."""
+        s = self.setup
+        ctx = self.begin(jobs, info, buffers)
+        loss_sum = torch.zeros(len(jobs), device=s.device, dtype=torch.float64)
+        with P.stacked():
+            s.local.start(s.model, ctx)
+            for batch in stacked_batches(jobs):
+                loss_sum.add_(s.local.step(s.model, batch, ctx))
+                yield
+            result = s.local.finish(s.model, ctx)
+        return self.end(jobs, result, ctx, loss_sum)
+
+    def begin(self, jobs: list[ClientJob], info: RoundInfo, buffers: Params) -> StackedContext:
+        """The chunk's stacked context (broadcasts, parameters, buffers and states stacked), the torch generator
+        seeded from its first client."""
         s, C = self.setup, len(jobs)
         bc = Broadcast(params=stack_tree([j.broadcast.params for j in jobs], "broadcast.params"),
                        extras=stack_tree([j.broadcast.extras for j in jobs], "broadcast.extras"),
@@ -209,18 +223,16 @@ class StackedRunner:
         params = {k: v.detach().clone().requires_grad_(True) for k, v in bc.params.items()}
         stacked_buffers = {k: v.expand(C, *v.shape).clone() for k, v in buffers.items()} if all(
             j.buffers is None for j in jobs) else stack_tree([j.buffers for j in jobs], "buffers")
-        lead = replace(jobs[0], broadcast=bc)
-        ctx = context(s, lead, info, params, stack_tree([j.state for j in jobs], "client state"), cls=StackedContext,
-                      buffers=stacked_buffers, forward=self.forward)
-        loss_sum = torch.zeros(C, device=s.device, dtype=torch.float64)
-        with P.stacked():
-            s.local.start(s.model, ctx)
-            for batch in stacked_batches(jobs):
-                loss_sum.add_(s.local.step(s.model, batch, ctx))
-                yield
-            result = s.local.finish(s.model, ctx)
+        return context(s, replace(jobs[0], broadcast=bc), info, params,
+                       stack_tree([j.state for j in jobs], "client state"), cls=StackedContext,
+                       buffers=stacked_buffers, forward=self.forward)
+
+    def end(self, jobs: list[ClientJob], result: ClientResult, ctx: StackedContext,
+            loss_sum: torch.Tensor) -> list[ClientOutcome]:
+        """The chunk's outcomes (slices of its stacks) and their finiteness, decided for the chunk at once."""
+        s, C = self.setup, len(jobs)
         copy = s.fabric is not None and s.fabric.world_size > 1  # views would travel to other ranks with their stacks
-        outs = [self._slice(job, i, C, result, ctx, loss_sum, stacked_buffers, copy) for i, job in enumerate(jobs)]
+        outs = [self._slice(job, i, C, result, ctx, loss_sum, ctx.buffers, copy) for i, job in enumerate(jobs)]
         ok = chunk_finite(result.delta, torch.stack([o.train_loss for o in outs]))
         for i, o in enumerate(outs):
             o.finite_flag = ok[i]
