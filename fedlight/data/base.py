@@ -20,7 +20,7 @@ from torch import Tensor
 
 from fedlight.core.spec import remember_init_args
 from fedlight.data.augment import CropFlip, resize
-from fedlight.data.gather import on_device
+from fedlight.data.device_copy import on_device
 from fedlight.data.partition import IID, Partitioner, partition_cached
 from fedlight.errors import ConfigError, DataNotFoundError
 

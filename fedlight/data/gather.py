@@ -1,7 +1,7 @@
 """The device data path of stacked clients: the images once on the device, and one gather per stacked step.
 
-:func:`on_device` keeps one device copy of a uint8 image tensor per process, whatever run loads the same images (the
-runs of a lockstep group share it). :func:`plan` draws one client's batches exactly as
+:func:`fedlight.data.device_copy.on_device` keeps one device copy of a uint8 image tensor per process, whatever run
+loads the same images (the runs of a lockstep group share it). :func:`plan` draws one client's batches exactly as
 :meth:`FederatedDataModule.client_batches <fedlight.data.base.FederatedDataModule.client_batches>` does (the same
 ``randperm`` per epoch, then the augmentation parameters, from the client's own CPU generator) but returns them as
 rows of the train set; :func:`stacked_batches` turns the plans of a chunk's clients into one gather, one batched
@@ -11,26 +11,10 @@ the clients would have drawn one by one (``tests/data/test_gather.py``).
 
 from __future__ import annotations
 
-import hashlib
-import weakref
 from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
-
-_SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-
-
-def on_device(t: Tensor, device: torch.device) -> Tensor:
-    """``t.to(device)``; a uint8 tensor (images) equal to one already copied there by this process is that copy."""
-    if t.dtype != torch.uint8 or t.device == device or not t.is_contiguous():
-        return t.to(device)
-    key = (hashlib.blake2b(t.numpy().tobytes(), digest_size=16).hexdigest(), tuple(t.shape), str(device))
-    hit = _SHARED.get(key)
-    if hit is None:
-        hit = t.to(device)
-        _SHARED[key] = hit
-    return hit
 
 
 def supports(data) -> bool:

@@ -26,7 +26,8 @@ import torch
 from torch import Tensor
 
 from fedlight.run.atomic import DamagedFile
-from fedlight.run.client_files import locate, resume_advice
+from fedlight.run.client_files import locate
+from fedlight.run.directory import resume_advice
 
 _ALIGN = 64  # byte alignment of each tensor in a spill file (any dtype can be viewed in place)
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from fedlight.core import params as P
 from fedlight.core.loop_config import LoopConfig
@@ -31,7 +31,7 @@ from fedlight.engine.aggregate import Accumulator, Reduced
 from fedlight.engine.client_store import ClientStateStore
 from fedlight.engine.local_schedule import local_schedule
 from fedlight.engine.loop_state import LoopState, step_counters
-from fedlight.engine.round_row import RoundRow, client_entries
+from fedlight.engine.round_row import Collected, RoundPlan, RoundRow, client_entries
 from fedlight.engine.work import Work, drive
 from fedlight.run.files import fault, to_device
 from fedlight.runners import ClientJob, TrainSetup, select_runner
@@ -45,35 +45,6 @@ class Diverged(RuntimeError):
     def __init__(self, round: int, what: str) -> None:
         super().__init__(f"round {round + 1}: {what}")
         self.round = round
-
-
-@dataclass
-class RoundPlan:
-    """Who takes part in a round (identical on every rank) and which of them this rank trains."""
-
-    info: RoundInfo
-    dropped: list[int]
-    """Sampled clients that fail to report (``loop.client_dropout``)."""
-    active: list[int]
-    """Sampled clients that train."""
-    mine: list[int]
-    """The active clients this rank trains."""
-
-
-@dataclass
-class Collected:
-    """What this rank keeps of its trained clients, then (after :meth:`FederatedLoop._exchange`) of all ranks'."""
-
-    acc: Accumulator
-    states: dict[int, dict] = field(default_factory=dict)
-    skipped: list[int] = field(default_factory=list)
-    clients: list[dict[str, Any]] = field(default_factory=list)
-    """Per-client log entries: id, train_loss, delta_norm, num_samples (client order)."""
-    results: list[tuple[int, ClientResult]] = field(default_factory=list)
-    """Kept client results, only when the server rule overrides ``aggregate``."""
-    start: dict[str, Tensor] | None = None
-    """``y_0``, where the clients started (for the flatness distance)."""
-    layout: Any = None
 
 
 class FederatedLoop:

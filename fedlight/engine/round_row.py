@@ -1,4 +1,5 @@
-"""``RoundRow``: what one round reports (one line of ``metrics.jsonl``)."""
+"""``RoundRow``: what one round reports (one line of ``metrics.jsonl``); ``RoundPlan`` and ``Collected``: who takes part
+in a round and what the loop keeps of its clients."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from torch import Tensor
 
 from fedlight.core import params as P
 from fedlight.core.params import Params
-from fedlight.engine.aggregate import Reduced
+from fedlight.core.rules import ClientResult, RoundInfo
+from fedlight.engine.aggregate import Accumulator, Reduced
 
 
 @dataclass
@@ -88,3 +90,32 @@ def client_entries(stats: list[tuple[int, int, Tensor, Tensor]]) -> list[dict[st
     vals = torch.stack([torch.stack([loss.double(), sq.double().sqrt()]) for _, _, loss, sq in stats]).tolist()
     return [{"id": c, "train_loss": v[0], "delta_norm": v[1], "num_samples": n}
             for (c, n, _, _), v in zip(stats, vals)]
+
+
+@dataclass
+class RoundPlan:
+    """Who takes part in a round (identical on every rank) and which of them this rank trains."""
+
+    info: RoundInfo
+    dropped: list[int]
+    """Sampled clients that fail to report (``loop.client_dropout``)."""
+    active: list[int]
+    """Sampled clients that train."""
+    mine: list[int]
+    """The active clients this rank trains."""
+
+
+@dataclass
+class Collected:
+    """What this rank keeps of its trained clients, then (after :meth:`FederatedLoop._exchange`) of all ranks'."""
+
+    acc: Accumulator
+    states: dict[int, dict] = field(default_factory=dict)
+    skipped: list[int] = field(default_factory=list)
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    """Per-client log entries: id, train_loss, delta_norm, num_samples (client order)."""
+    results: list[tuple[int, ClientResult]] = field(default_factory=list)
+    """Kept client results, only when the server rule overrides ``aggregate``."""
+    start: dict[str, Tensor] | None = None
+    """``y_0``, where the clients started (for the flatness distance)."""
+    layout: Any = None

@@ -82,21 +82,3 @@ def self_check(path: Path) -> str | None:
         return f"it cannot be read ({e.strerror or e})"
     return None if ok else f"client {m.group(1)}'s state differs from the one written (CRC-32 in its name)"
 
-
-def resume_advice(state_file: Path) -> str:
-    """What continues a run after its client-state file ``state_file`` (``RUN/client_state/rank<r>/...``) turned out
-    damaged mid-run: ``--resume auto`` when the checkpoint it would take (or the previous one) is intact with every
-    file it names; else what does, since ``--resume auto`` would refuse too."""
-    from fedlight.errors import ConfigError
-    from fedlight.run.directory import load_resume
-
-    last = Path(state_file).parent.parent.parent / "checkpoints" / "last.ckpt"
-    last = last if last.exists() or not last.with_name("prev.ckpt").exists() else last.with_name("prev.ckpt")
-    if last.exists():
-        try:
-            load_resume(last, True, note=lambda message: None)
-        except ConfigError:
-            return ("`--resume auto` cannot continue: every checkpoint names a damaged client-state file; put back an "
-                    "intact copy of the file, or start over with `--overwrite true`")
-    return "continue with `--resume auto`, which checks every file a checkpoint names before round 1"
-

@@ -274,3 +274,18 @@ def _load_whole(path: Path) -> dict[str, Any]:
         file, cid, why = bad[0]
         raise DamagedFile(f"checkpoint {path} names client {cid}'s state file {file}{more}, which is damaged: {why}")
     return ckpt
+
+
+def resume_advice(state_file: Path) -> str:
+    """What continues a run after its client-state file ``state_file`` (``RUN/client_state/rank<r>/...``) turned out
+    damaged mid-run: ``--resume auto`` when the checkpoint it would take (or the previous one) is intact with every
+    file it names; else what does, since ``--resume auto`` would refuse too."""
+    last = Path(state_file).parent.parent.parent / "checkpoints" / "last.ckpt"
+    last = last if last.exists() or not last.with_name("prev.ckpt").exists() else last.with_name("prev.ckpt")
+    if last.exists():
+        try:
+            load_resume(last, True, note=lambda message: None)
+        except ConfigError:
+            return ("`--resume auto` cannot continue: every checkpoint names a damaged client-state file; put back an "
+                    "intact copy of the file, or start over with `--overwrite true`")
+    return "continue with `--resume auto`, which checks every file a checkpoint names before round 1"

@@ -6,7 +6,7 @@ import pytest
 import torch
 from fedtest import DEVICES
 
-from fedlight.data import gather
+from fedlight.data import device_copy, gather
 from fedlight.data.augment import CropFlip
 from fedlight.data.base import FederatedDataModule
 from fedlight.data.partition import QuantitySkew
@@ -75,10 +75,10 @@ def test_clients_of_different_sizes_with_equal_batches():
 
 def test_equal_images_are_copied_to_a_device_once():
     a = torch.randint(0, 256, (5, 3, 4, 4), dtype=torch.uint8)
-    on = gather.on_device(a, torch.device("meta"))
-    assert gather.on_device(a.clone(), torch.device("meta")) is on  # another run's load of the same images
-    assert gather.on_device(a + 1, torch.device("meta")) is not on
-    assert gather.on_device(a.float(), torch.device("meta")) is not gather.on_device(a.float(), torch.device("meta"))
+    on = device_copy.on_device(a, torch.device("meta"))
+    assert device_copy.on_device(a.clone(), torch.device("meta")) is on  # another run's load of the same images
+    assert device_copy.on_device(a + 1, torch.device("meta")) is not on
+    assert device_copy.on_device(a.float(), torch.device("meta")) is not device_copy.on_device(a.float(), torch.device("meta"))
 
 
 def test_overriding_data_modules_keep_their_own_batches():
