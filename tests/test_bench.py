@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -99,14 +100,49 @@ def test_gpu_busy_counts_each_kernel_once():
     assert busy == pytest.approx(42e-6) and len(kernels) == 2
 
 
-def test_peer_benchmark_smoke_runs_the_same_work_on_each_side(capsys):
+def test_peer_benchmark_smoke_runs_the_same_work_on_each_side(capsys, monkeypatch):
     """``fedlight bench --peers --smoke``: fedlight's own ``fit`` and the minimal loop (pfl where installed) train the
-    same clients from the same weights, so after 2 rounds of one full-batch step their test accuracies agree."""
+    same clients from the same weights, so after 2 rounds of one full-batch step their test accuracies agree. Every
+    side is timed by the one clock: its 2 round ends are ticks of ``time.monotonic`` inside the driver's readings
+    around its process (fedlight's too: not its own metrics.jsonl's times)."""
+    from fedlight.lab import bench_peers
     from fedlight.lab.bench_peers import cmd_peers, pfl_available
 
+    seen = {}
+    monkeypatch.setattr(bench_peers, "report", lambda runs, spec, real=bench_peers.report: seen.update(runs) or
+                        real(runs, spec))
     assert cmd_peers(["--smoke"]) == 0
     out, err = capsys.readouterr()
-    rows = {r[0]: r for r in map(str.split, out.splitlines()) if len(r) == 6 and r[0] in ("fedlight", "minimal", "pfl")}
+    rows = {r[0]: r for r in map(str.split, out.splitlines()) if len(r) == 7 and r[0] in ("fedlight", "minimal", "pfl")}
     assert abs(float(rows["fedlight"][-1]) - float(rows["minimal"][-1])) <= 0.004, out  # 2 of the 500 test images
     assert "fedlight / minimal: median round ratio over 1 pairs" in out
+    assert "criterion fedlight / minimal round <= 1.03: cannot decide: 1 pair(s) give no 95% interval" in out
     assert ("pfl" in rows) == pfl_available(None) and (("skipped" in err) != pfl_available(None)), (out, err)
+    for side, (r,) in seen.items():
+        a, b = r["ticks"]
+        assert r["rounds_s"] == [b - a] and "round_time_s" not in json.dumps(r), side
+        assert 0 < r["first_s"] and 0 < r["last_s"] and r["first_s"] + (b - a) + r["last_s"] == pytest.approx(
+            r["wall_s"])
+
+
+@pytest.mark.parametrize("n, k, coverage", [(5, None, None), (6, 1, 1 - 2 / 64), (8, 1, 1 - 2 / 256),
+                                            (9, 2, 1 - 2 * 10 / 512), (17, 5, 1 - 2 * 3214 / 2 ** 17)])
+def test_peer_benchmark_interval_of_the_median_is_the_binomial_order_statistics(n, k, coverage):
+    """The pairs' 95 % interval: order statistics k and n + 1 - k, k the largest with P(Bin(n, ½) < k) ≤ 2.5 %
+    (n = 17: P(Bin < 5) = (1 + 17 + 136 + 680 + 2380) / 2^17 = 0.0245; P(Bin < 6) = 0.0717)."""
+    from fedlight.lab.bench_peers import median_interval
+
+    xs = [1 + i / 100 for i in range(n)][::-1]  # given in any order
+    got = median_interval(xs)
+    assert got == (None if k is None else (pytest.approx(xs[-k]), pytest.approx(xs[k - 1]), pytest.approx(coverage)))
+
+
+def test_peer_benchmark_says_when_it_cannot_decide():
+    from fedlight.lab.bench_peers import verdict
+
+    assert verdict([0.95, 0.97, 0.98, 0.99, 1.0, 1.01], "<=", 1.03).startswith(
+        "met: the 96.9% interval [0.950, 1.010] over 6 pairs lies below 1.03")
+    assert verdict([0.95, 0.97, 0.98, 0.99, 1.0, 1.05], "<=", 1.03).startswith("cannot decide: the 96.9% interval")
+    assert verdict([1.1, 1.2, 1.3, 1.25, 1.15, 1.06], ">=", 1.05).startswith("met: ")
+    assert verdict([1.1, 1.2, 1.3, 1.25, 1.15, 1.06], "<=", 1.05).startswith("not met: ")
+    assert verdict([0.9] * 5, "<=", 1.03).startswith("cannot decide: 5 pair(s) give no 95% interval")

@@ -3,12 +3,13 @@
 The same MLP and initial weights, the clients of every round in the driver's order (a sampler that replays them),
 SGD with the recipe's weight decay, pfl's local joint clip (``local_max_grad_norm``), the per-round lr decay as an
 adaptive hyperparameter, FedAvg with a central SGD at lr 1, and central evaluation on the test set every round.
+A round ends on the benchmark's clock (:class:`fedlight.lab.bench_work.RoundClock`) in the last callback of its
+central iteration, after the evaluation.
 """
 
 from __future__ import annotations
 
 import functools
-import time
 
 
 def run_pfl(work: str, out: dict) -> None:
@@ -25,10 +26,11 @@ def run_pfl(work: str, out: dict) -> None:
     from pfl.metrics import Metrics, Weighted
     from pfl.model.pytorch import PyTorchModel
 
-    from fedlight.lab.bench_work import _digest, load_work, mlp_like
+    from fedlight.lab.bench_work import RoundClock, _digest, load_work, mlp_like
     from fedlight.models import MLP
 
     init, client, test, s = load_work(work)
+    clock = RoundClock(out)
 
     class Net(MLP):
         def loss(self, x, y, eval=False):
@@ -44,18 +46,18 @@ def run_pfl(work: str, out: dict) -> None:
                     "accuracy": Weighted((logits.argmax(1) == y).sum().item(), n)}
 
     class Rounds(HyperParam, TrainingProcessCallback):
-        """The local lr η_r = lr · decay^(r-1), and the wall time of every central iteration."""
+        """The local lr η_r = lr · decay^(r-1); the last callback of a central iteration (after the evaluation),
+        where the round ends on the benchmark's clock."""
 
         def __init__(self):
-            self.r, self.t = 0, time.perf_counter()
+            self.r = 0
 
         def value(self):
             return s["lr"] * s["decay"] ** self.r
 
         def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
-            now = time.perf_counter()
-            out["rounds_s"].append(now - self.t)
-            self.r, self.t = self.r + 1, now
+            self.r += 1
+            clock.tick()
             return False, Metrics()
 
     class Evaluation(CentralEvaluationCallback):

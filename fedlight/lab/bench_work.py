@@ -1,8 +1,35 @@
 """The work ``fedlight bench --peers`` hands every side (one file: initial weights, data, client lists, settings),
-and reading it back; shared by the fedlight, minimal and pfl sides (:mod:`fedlight.lab.bench_peers`,
-:mod:`fedlight.lab.bench_pfl`)."""
+and reading it back, and the one clock every side is timed by (:class:`RoundClock`); shared by the fedlight,
+minimal and pfl sides (:mod:`fedlight.lab.bench_peers`, :mod:`fedlight.lab.bench_pfl`)."""
 
 from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+
+
+class RoundClock:
+    """The clock of every side: :meth:`tick` at the end of each round, after its evaluation (directly, or
+    :meth:`after` the side's round-end function). The ticks are ``time.monotonic()`` (Linux: ``CLOCK_MONOTONIC``,
+    one clock for every process of the machine), so the driver reads them against its own readings around the
+    side's process; a round's time is the interval between two ticks, whatever the side did in it (training,
+    evaluation, checkpoint, logging), never a time the side reports itself."""
+
+    def __init__(self, out: dict) -> None:
+        self.ticks = out.setdefault("ticks", [])
+
+    def tick(self) -> None:
+        self.ticks.append(time.monotonic())
+
+    def after(self, fn):
+        """``fn``, ticking when it returns."""
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            result = fn(*args, **kwargs)
+            self.tick()
+            return result
+        return timed
 
 
 def _digest(state: dict) -> str:
@@ -39,3 +66,14 @@ def load_work(path: str):
         return norm(w["train_x"][idx]), w["train_y"][idx]
 
     return w["init"], client, (norm(w["test_x"]), w["test_y"]), w["spec"]
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory: ``VmHWM`` (``ru_maxrss`` would count the parent's memory at the fork)."""
+    try:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
+        return int(line.split()[1]) / 1024
+    except (OSError, StopIteration):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

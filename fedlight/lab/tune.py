@@ -234,6 +234,9 @@ def cmd_tune(argv: list[str]) -> int:
 
     print(tune_report.write(job, shlex.join(["fedlight", "tune", *argv])))
     print(f"\nwrote {out / 'tune.md'} and {out / 'tune.csv'}")
+    for row, items in tune_report.edges(job).items():
+        print(f"fedlight tune: {row}: best at the edge of its space: {'; '.join(items)}; widen that range and tune "
+              "again with a new --out (docs/tuning.md)", file=sys.stderr)
     return 1 if counts.get("failed") or counts.get("conflict") else 0
 
 

@@ -1,17 +1,23 @@
 """``tune.md`` / ``tune.csv`` / ``tune_<row>.png`` of a ``fedlight tune`` study, read from its storage: per row the
 best values, the objective of every trial, how many were pruned, Optuna's parameter importances, and the objective
-against each parameter (matplotlib, as ``fedlight report`` plots)."""
+against each parameter (matplotlib, as ``fedlight report`` plots), and a best value at the edge of its range (the
+search did not bracket the optimum: widen that range, docs/tuning.md)."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import math
 import textwrap
 from pathlib import Path
 from typing import Any
 
 from fedlight.lab import report as rep
+
+EDGE = 0.05
+"""A best value within this fraction of its range from a bound (on the log scale where the range is log) is at the
+edge of the space: the search has not bracketed the optimum in that setting."""
 
 
 def write(job, command: str) -> str:
@@ -60,10 +66,52 @@ def write(job, command: str) -> str:
                         json.dumps(t.params), str(best is not None and t.number == best.number).lower(), run_dir])
         detail.append("")
         plot(row, trials, job.tune.space[row], job.out / f"tune_{row}.png", tune.objective)
-    text = "\n".join([*lines, "", *detail])
+    text = "\n".join([*lines, "", *edge_report(job), "", *detail])
     atomic_write_text(job.out / "tune.md", text + "\n")
     atomic_write_text(job.out / "tune.csv", buf.getvalue())
     return text
+
+
+def position(value: Any, dist: dict[str, Any]) -> float | None:
+    """Where ``value`` lies in its range: 0 at ``low``, 1 at ``high``, on the log scale where ``log: true``; None
+    for ``choices``."""
+    if "low" not in dist or not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    scale = math.log if dist.get("log") else float
+    lo, hi = scale(dist["low"]), scale(dist["high"])
+    return (scale(value) - lo) / (hi - lo)
+
+
+def edges(job) -> dict[str, list[str]]:
+    """Row -> its best trial's values within :data:`EDGE` of a bound of their ranges, each as a phrase."""
+    import optuna
+
+    out: dict[str, list[str]] = {}
+    for row, study in job.studies.items():
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if not done:
+            continue
+        best = (max if job.maximize else min)(done, key=lambda t: t.value)
+        for key, dist in job.tune.space[row].items():
+            p = position(best.params.get(key), dist)
+            if p is not None and min(p, 1 - p) <= EDGE:
+                side = "high" if p > 0.5 else "low"
+                out.setdefault(row, []).append(
+                    f"{key} = {_num(best.params[key])} lies {min(p, 1 - p):.1%} of its range from its {side} bound "
+                    f"{_num(dist[side])}{' (log scale)' if dist.get('log') else ''}")
+    return out
+
+
+def edge_report(job) -> list[str]:
+    """The lines of ``tune.md`` on best values at the edge of the space (or that there are none)."""
+    found = edges(job)
+    if not found:
+        return [f"Every best value of a range lies inside it (more than {EDGE:.0%} of the range from each bound, on "
+                "the log scale where the range is log)."]
+    return [f"**Best at the edge of the space** (within {EDGE:.0%} of a bound; on the log scale where the range is "
+            "log): the search did not bracket the optimum there, so the best value may lie beyond the bound. Widen "
+            "that range past the bound and tune again with a new `--out` (docs/tuning.md, \"Best at the edge\").", "",
+            *(f"- {row}: {'; '.join(items)}" for row, items in found.items())]
 
 
 def _num(v: Any) -> str:
