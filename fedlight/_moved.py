@@ -1,5 +1,5 @@
 """Retired import paths: modules that lived at ``fedlight.<name>`` before the package was grouped into ``core/``,
-``engine/`` and ``config/``.
+``engine/`` and ``config/``, and the modules of ``lab/`` before its packages (``lab.<module>``).
 
 ``import fedlight.loop`` (or ``fedlight.cli``, ``fedlight.args`` ...) keeps working for a user's old script: it gives
 the very module object of the new home (``fedlight.engine.loop``), so ``monkeypatch`` and ``isinstance`` see one
@@ -23,6 +23,20 @@ MOVED = {
     "state": "engine.client_store", "aggregate": "engine.aggregate",
     "api": "config.api", "flags": "config.flags", "advice": "config.advice", "catalog": "config.catalog",
     "cli": "config.cli",
+    # lab/'s modules before its packages (issue 61)
+    "lab.bench": "lab.benchmarks.cli", "lab.bench_cpu": "lab.benchmarks.cpu", "lab.bench_fit": "lab.benchmarks.fit",
+    "lab.bench_gpu": "lab.benchmarks.gpu", "lab.bench_nlp": "lab.benchmarks.nlp",
+    "lab.bench_peers": "lab.benchmarks.peers", "lab.bench_pfl": "lab.benchmarks.pfl",
+    "lab.bench_routes": "lab.benchmarks.routes", "lab.bench_work": "lab.benchmarks.work",
+    "lab.route_candidates": "lab.benchmarks.route_candidates", "lab.triton_wgrad": "lab.benchmarks.triton_wgrad",
+    "lab.workload": "lab.benchmarks.workload", "lab.landscape": "lab.flatness.landscape",
+    "lab.landscape_run": "lab.flatness.run", "lab.flatness_cli": "lab.flatness.cli",
+    "lab.table_spec": "lab.tables.spec", "lab.runner": "lab.tables.runner", "lab.jobs": "lab.tables.jobs",
+    "lab.slurm": "lab.tables.slurm", "lab.gpu_share": "lab.tables.gpu_share", "lab.reproduce": "lab.tables.reproduce",
+    "lab.table_report": "lab.tables.table_report", "lab.report": "lab.tables.report",
+    "lab.report_plot": "lab.tables.report_plot", "lab.tune": "lab.tuning.cli", "lab.tune_space": "lab.tuning.space",
+    "lab.tune_study": "lab.tuning.study", "lab.tune_report": "lab.tuning.report",
+    "lab.lockstep_runs": "lab.tables.lockstep_runs",
 }
 """Retired name under ``fedlight.`` → its module under ``fedlight.``."""
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fedlight.lab import bench, bench_cpu
-from fedlight.lab.workload import Workload
+from fedlight.lab.benchmarks import cli as bench
+from fedlight.lab.benchmarks import cpu as bench_cpu
+from fedlight.lab.benchmarks.workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,7 +89,7 @@ def test_gpu_busy_counts_each_kernel_once():
 
     from torch.autograd import DeviceType
 
-    from fedlight.lab.bench_gpu import kernel_seconds
+    from fedlight.lab.benchmarks.gpu import kernel_seconds
 
     def event(kind, us):
         return SimpleNamespace(device_type=kind, name="k", time_range=SimpleNamespace(elapsed_us=lambda: us),
@@ -105,8 +106,8 @@ def test_peer_benchmark_smoke_runs_the_same_work_on_each_side(capsys, monkeypatc
     same clients from the same weights, so after 2 rounds of one full-batch step their test accuracies agree. Every
     side is timed by the one clock: its 2 round ends are ticks of ``time.monotonic`` inside the driver's readings
     around its process (fedlight's too: not its own metrics.jsonl's times)."""
-    from fedlight.lab import bench_peers
-    from fedlight.lab.bench_peers import cmd_peers, pfl_available
+    from fedlight.lab.benchmarks import peers as bench_peers
+    from fedlight.lab.benchmarks.peers import cmd_peers, pfl_available
 
     seen = {}
     monkeypatch.setattr(bench_peers, "report", lambda runs, spec, real=bench_peers.report: seen.update(runs) or
@@ -130,7 +131,7 @@ def test_peer_benchmark_smoke_runs_the_same_work_on_each_side(capsys, monkeypatc
 def test_peer_benchmark_interval_of_the_median_is_the_binomial_order_statistics(n, k, coverage):
     """The pairs' 95 % interval: order statistics k and n + 1 - k, k the largest with P(Bin(n, ½) < k) ≤ 2.5 %
     (n = 17: P(Bin < 5) = (1 + 17 + 136 + 680 + 2380) / 2^17 = 0.0245; P(Bin < 6) = 0.0717)."""
-    from fedlight.lab.bench_peers import median_interval
+    from fedlight.lab.benchmarks.peers import median_interval
 
     xs = [1 + i / 100 for i in range(n)][::-1]  # given in any order
     got = median_interval(xs)
@@ -138,7 +139,7 @@ def test_peer_benchmark_interval_of_the_median_is_the_binomial_order_statistics(
 
 
 def test_peer_benchmark_says_when_it_cannot_decide():
-    from fedlight.lab.bench_peers import verdict
+    from fedlight.lab.benchmarks.peers import verdict
 
     assert verdict([0.95, 0.97, 0.98, 0.99, 1.0, 1.01], "<=", 1.03).startswith(
         "met: the 96.9% interval [0.950, 1.010] over 6 pairs lies below 1.03")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedlight.lab import table_spec
+from fedlight.lab.tables import spec as table_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "recipes" / "tables").glob("fedadamw_*.yaml"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedlight.lab import table_spec
+from fedlight.lab.tables import spec as table_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "recipes" / "tables" / "fednsam_table2.yaml"

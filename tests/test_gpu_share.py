@@ -1,5 +1,5 @@
-"""Many runs of a table on one GPU (``fedlight reproduce --per-gpu N|auto``, :mod:`fedlight.lab.gpu_share`): how many
-and why, what the processes share, the first run alone until its first round, seed 0 of every cell first, the
+"""Many runs of a table on one GPU (``fedlight reproduce --per-gpu N|auto``, :mod:`fedlight.lab.tables.gpu_share`): how
+many and why, what the processes share, the first run alone until its first round, seed 0 of every cell first, the
 table's throughput line, the GPU memory bound and its message. The GPU is faked (no CUDA needed)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from test_reproduce import write_spec
 from fedlight.config.cli import main
 from fedlight.config.launch import bound_gpu_memory
 from fedlight.errors import ConfigError
-from fedlight.lab import gpu_share, runner
+from fedlight.lab.tables import gpu_share, runner
 
 
 def test_auto_is_bounded_by_runs_cores_and_memory():

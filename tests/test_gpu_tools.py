@@ -47,7 +47,7 @@ def test_gpu_check_smoke_runs_every_new_path(tmp_path):
 
 
 def test_gpu_check_routes_smoke_measures_every_route_of_the_call_and_prints_the_table(tmp_path):
-    from fedlight.lab.bench_routes import FIRST_CALL
+    from fedlight.lab.benchmarks.routes import FIRST_CALL
 
     out = _run(["bash", "tools/gpu_check.sh", "--routes", "--smoke"], tmp_path)
     assert "done: 0 step(s) failed" in out
@@ -132,8 +132,8 @@ def test_anchor_step_keeps_nothing_a_cuda_graph_produced():
     replay, which overwrote them. The step leaves no gradient behind, and it trains."""
     import torch
 
-    from fedlight.lab.bench_routes import single_model_step
-    from fedlight.lab.workload import Workload
+    from fedlight.lab.benchmarks.routes import single_model_step
+    from fedlight.lab.benchmarks.workload import Workload
 
     w = Workload("lenet5", clients=2, steps=2, batch=4)
     step, model = single_model_step(w, torch.device("cpu"), 4, graphs=True)

@@ -248,7 +248,7 @@ def test_the_tool_commands_import_no_lightning(tmp_path):
                           f"for argv in {commands!r}:\n"
                           "    with c.redirect_stdout(io.StringIO()), c.redirect_stderr(io.StringIO()):\n"
                           "        try:\n            main(argv)\n        except SystemExit:\n            pass")
-    assert "fedlight.config.api" in mods and "fedlight.lab.reproduce" in mods and "fedlight.run.verify" in mods
+    assert "fedlight.config.api" in mods and "fedlight.lab.tables.reproduce" in mods and "fedlight.run.verify" in mods
     assert [m for m in mods if m.split(".")[0] in LIGHTNING] == []
 
 

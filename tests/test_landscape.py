@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedlight.lab import landscape as LS
-from fedlight.lab import landscape_run as LR
+from fedlight.lab.flatness import landscape as LS
+from fedlight.lab.flatness import run as LR
 
 D_IN, D_OUT, N = 6, 2, 40
 EIGS = np.array([9.0, 3.0, 2.0, 1.0, 0.5, 0.25])  # spectrum of A = XᵀX/n

@@ -9,7 +9,7 @@ import yaml
 
 from fedlight.config.cli import main
 from fedlight.errors import ConfigError
-from fedlight.lab import report_plot
+from fedlight.lab.tables import report_plot
 
 
 def _run(path: Path, losses: list[float], algorithm: str = "FedSAM", **per_round: list) -> Path:
@@ -81,7 +81,7 @@ def test_an_unknown_curve_key_names_it_and_the_keys_there_are(tmp_path, capsys):
 
 
 def test_a_spec_with_curves_passes_its_keys_to_the_table_figure(tmp_path, monkeypatch, capsys):
-    from fedlight.lab import table_report
+    from fedlight.lab.tables import table_report
 
     spec = yaml.safe_load((Path(__file__).parent.parent / "recipes" / "tables" / "fedcm_client_beta.yaml").read_text())
     spec = {k: spec[k] for k in ("title", "base", "metric")} | {
@@ -108,7 +108,7 @@ def test_a_spec_with_curves_passes_its_keys_to_the_table_figure(tmp_path, monkey
     assert "warning: table spec" in capsys.readouterr().err.replace("\n", " ")
     path.write_text(yaml.safe_dump(spec | {"curves": "server/momentum_variance"}))
     with pytest.raises(ConfigError, match="`curves` must be a list"):
-        from fedlight.lab import table_spec
+        from fedlight.lab.tables import spec as table_spec
         table_spec.load_spec(path)
 
 
@@ -125,7 +125,7 @@ loop: {rounds: 1, clients_per_round: 2, local_steps: 1, lr: 0.05, progress: fals
 
 def test_landscape_titles_name_algorithm_and_run(tmp_path):
     from fedlight.config.cli import main
-    from fedlight.lab import landscape_run
+    from fedlight.lab.flatness import run as landscape_run
 
     (tmp_path / "tiny.yaml").write_text(TINY)
     run_dir = tmp_path / "my_sam_run"

@@ -21,7 +21,8 @@ from fedlight.core.loop_config import LoopConfig
 from fedlight.core.registry import _REGISTRY, list_algorithms
 from fedlight.core.rules import Algorithm
 from fedlight.data import FederatedDataModule
-from fedlight.lab import table_report, table_spec
+from fedlight.lab.tables import spec as table_spec
+from fedlight.lab.tables import table_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.yaml") if "tables" not in p.relative_to(ROOT).parts)

@@ -21,7 +21,8 @@ import yaml
 
 from fedlight.config.cli import main
 from fedlight.errors import ConfigError
-from fedlight.lab import report, runner, table_report, table_spec
+from fedlight.lab.tables import report, runner, table_report
+from fedlight.lab.tables import spec as table_spec
 from fedlight.run.files import rounds_to_target
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ import yaml
 
 from fedlight.config.cli import main
 from fedlight.errors import ConfigError
-from fedlight.lab import lockstep_runs, runner
+from fedlight.lab.tables import lockstep_runs, runner
 
 SHRINK = "rounds=2,test_subset=128,loop.local_steps=2"
 VMAP = "--loop.client_parallelism vmap"

@@ -18,7 +18,8 @@ from test_reproduce import write_spec
 from test_reproduce_slurm import _table
 
 from fedlight.config.cli import main
-from fedlight.lab import jobs, runner, table_spec
+from fedlight.lab.tables import jobs, runner
+from fedlight.lab.tables import spec as table_spec
 
 pytest.importorskip("submitit")
 SHRINK = ["--shrink", "rounds=4,subset=512,test_subset=128,loop.local_steps=2"]

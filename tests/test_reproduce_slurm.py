@@ -17,7 +17,8 @@ from test_reproduce import _processes_naming, write_spec
 
 from fedlight.config.cli import main
 from fedlight.errors import ConfigError
-from fedlight.lab import jobs, runner, table_spec
+from fedlight.lab.tables import jobs, runner
+from fedlight.lab.tables import spec as table_spec
 
 submitit = pytest.importorskip("submitit")
 SHRINK = ["--shrink", "rounds=4,subset=512,test_subset=128,loop.local_steps=2"]
@@ -137,7 +138,7 @@ def test_status_names_each_state_and_the_last_log_line_of_a_failure(tmp_path, ca
 
 
 def test_slurm_resources_come_from_the_spec_and_the_flags(tmp_path):
-    from fedlight.lab import slurm
+    from fedlight.lab.tables import slurm
 
     res = slurm.resources({"slurm": {"partition": "gpu", "time": "1-02:30:00", "gpus": 2, "sbatch": {"qos": "hi"}}},
                           {"time": None, "mem": 64, "per_gpu": 4, "account": "fl"})
@@ -206,7 +207,7 @@ def test_the_slurm_launcher_and_the_runner_import_no_circle():
     import ast
     import inspect
 
-    from fedlight.lab import slurm
+    from fedlight.lab.tables import slurm
 
     def imported(module) -> set[str]:
         names = set()
@@ -217,6 +218,6 @@ def test_the_slurm_launcher_and_the_runner_import_no_circle():
                 names |= {f"{node.module}.{a.name}" for a in node.names} | {node.module or ""}
         return names
 
-    assert "fedlight.lab.slurm" in imported(runner)
+    assert "fedlight.lab.tables.slurm" in imported(runner)
     assert not {n for n in imported(slurm) | imported(jobs)
-                if n.startswith(("fedlight.lab.reproduce", "fedlight.lab.runner"))}
+                if n.startswith(("fedlight.lab.tables.reproduce", "fedlight.lab.tables.runner"))}

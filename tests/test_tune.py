@@ -26,7 +26,7 @@ import yaml
 optuna = pytest.importorskip("optuna")
 
 from fedlight.config.cli import main  # noqa: E402
-from fedlight.lab import runner  # noqa: E402
+from fedlight.lab.tables import runner  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 8
@@ -272,9 +272,9 @@ def test_bad_input_is_one_line_before_any_trial(tmp_path, monkeypatch, capsys, c
 # ------------------------------------------------------------------------------------------------ restarts, recipes,
 # read-only commands (issue 60): the studies alone, no trial run
 def _job(tmp: Path, spec: dict, create: bool = True):
-    from fedlight.lab import tune as tune_cmd
-    from fedlight.lab import tune_space
-    from fedlight.lab.table_spec import load_spec
+    from fedlight.lab.tables.spec import load_spec
+    from fedlight.lab.tuning import cli as tune_cmd
+    from fedlight.lab.tuning import space as tune_space
 
     path = tmp / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -359,7 +359,7 @@ def zombie():
 
 
 def test_a_worker_that_ended_or_whose_id_was_reused_is_gone(zombie):
-    from fedlight.lab import tune_study
+    from fedlight.lab.tuning import study as tune_study
 
     me = tune_study.mine()
     assert not tune_study.gone(me, 3600)
@@ -373,7 +373,7 @@ def test_a_trial_whose_requeued_worker_ended_unreaped_is_resumed_by_another(here
     """tests/test_tune_slurm.py's requeue left a trial RUNNING: the requeued job's worker, orphaned when Slurm ended
     the job, stayed a zombie (this machine's first process reaps no orphans), so it counted as alive, no worker took
     its trial over, and both workers ended with the budget spent."""
-    from fedlight.lab import tune_study
+    from fedlight.lab.tuning import study as tune_study
 
     one = {**SPEC, "tune": {**SPEC["tune"], "trials": 1}}
     taken = _job(here, one).next()

@@ -15,7 +15,7 @@ import yaml
 optuna = pytest.importorskip("optuna")
 
 from fedlight.config.cli import main  # noqa: E402
-from fedlight.lab import tune_report  # noqa: E402
+from fedlight.lab.tuning import report as tune_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LR = {"low": 0.01, "high": 1.0, "log": True}

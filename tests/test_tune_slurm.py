@@ -17,7 +17,7 @@ from test_reproduce_real_slurm import on_slurm  # noqa: F401  (the fixture)
 from test_tune import ROUNDS, SPEC, _rows
 
 from fedlight.config.cli import main
-from fedlight.lab import tune_study
+from fedlight.lab.tuning import study as tune_study
 
 optuna = pytest.importorskip("optuna")
 pytest.importorskip("submitit")

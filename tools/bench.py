@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark fedlight against a minimal hand-written PyTorch FedAvg loop (see ``fedlight/lab/bench.py``).
+"""Benchmark fedlight against a minimal hand-written PyTorch FedAvg loop (see ``fedlight/lab/benchmarks/cli.py``).
 
     python tools/bench.py                      # whole `fedlight fit` (FMNIST recipe) vs a minimal loop, wall, 1 thread
     python tools/bench.py --overhead           # round by round: MLP and LeNet-5, fedlight vs minimal vs vmap
@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fedlight.lab.bench import main  # noqa: E402
+from fedlight.lab.benchmarks.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,7 +13,7 @@
 #   5. only with BENCH=1: `tools/bench.py --gpu` (every seed rule and runner; measured in results/performance.md §6).
 # The route comparison is the SECOND call: `bash tools/gpu_check.sh --routes` (same setup, then
 # `tools/gpu_profile.py --sections anchor,routes,wgrad --rounds 2` under ROUTES_S, default 420 s: anchor (a) and (b),
-# the routes of fedlight.lab.bench_routes.FIRST_CALL one line each as measured, then the route table (ratio to (a),
+# the routes of fedlight.lab.benchmarks.routes.FIRST_CALL one line each as measured, then the route table (ratio to (a),
 # MFU) and a profile of the fastest route's round; last, the grouped weight gradient in Triton against cuDNN).
 # Layout: an ignored folder .gpu/ in the checkout holding whl/ (jsonargparse, docstring-parser, typeshed-client
 # wheels for the GPU machine's Python) and data/cifar10-jpeg (../shared/tools/make_cifar10_subset.sh .gpu/data 1000).

@@ -157,7 +157,7 @@ def swin(smoke: bool, acc: str, precision: str) -> None:
 
 
 def chunk(smoke: bool, acc: str, precision: str) -> None:
-    from fedlight.lab.workload import Workload, fedlight_loop
+    from fedlight.lab.benchmarks.workload import Workload, fedlight_loop
 
     w = Workload("lenet5" if smoke else "resnet18", clients=3 if smoke else 10, steps=2 if smoke else 50,
                  batch=4 if smoke else 50)
@@ -170,7 +170,7 @@ def chunk(smoke: bool, acc: str, precision: str) -> None:
 
 
 def compile_fail(smoke: bool, acc: str, precision: str) -> None:
-    from fedlight.lab.workload import Workload, fedlight_loop
+    from fedlight.lab.benchmarks.workload import Workload, fedlight_loop
 
     class ReluNet(nn.Module):  # torch.relu: what the failing test backend looks for
         def __init__(self):

@@ -19,9 +19,9 @@ Sections, each printed as soon as it is measured (a timeout keeps what came befo
    chunk, all at once after a barrier: the round-equivalent seconds (slowest process) for 1, 2 and 4 processes.
 6. ``anchor`` (issue 31): the round's 25,000 images through one ResNet-18 (GroupNorm, bf16, compiled,
    channels-last): (a) 50 steps at batch 500, (b) 500 steps at batch 50 with CUDA graphs
-   (:mod:`fedlight.lab.bench_routes`). Later sections print the round as a ratio to (a).
+   (:mod:`fedlight.lab.benchmarks.routes`). Later sections print the round as a ratio to (a).
 7. ``routes`` (issues 31, 42): FedAvg rounds under each client route (``--routes``; default
-   ``fedlight.lab.bench_routes.FIRST_CALL``, any of ``ROUTES``): s/round, ratio to (a), first round, MFU, peak
+   ``fedlight.lab.benchmarks.routes.FIRST_CALL``, any of ``ROUTES``): s/round, ratio to (a), first round, MFU, peak
    memory, fallbacks, and the model after round 0 against the first route's; then the table of them all and one
    profiled round of the fastest (its costliest kernels).
 
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fedlight.lab.bench_routes import FIRST_CALL, MEASURED, ROUTES, anchor, routes, seconds  # noqa: E402
+from fedlight.lab.benchmarks.routes import FIRST_CALL, MEASURED, ROUTES, anchor, routes, seconds  # noqa: E402
 
 
 def _sync(dev: torch.device) -> None:
@@ -52,7 +52,7 @@ def _sync(dev: torch.device) -> None:
 
 
 def _loop(w, dev: str, compile):
-    from fedlight.lab.workload import fedlight_loop
+    from fedlight.lab.benchmarks.workload import fedlight_loop
 
     model = w.model().to(dev)
     if dev == "cpu" and compile:  # --smoke: the same dynamo/AOTAutograd path, without inductor's C++ build
@@ -73,7 +73,7 @@ def _rounds(loop, first: int, n: int) -> float:
 
 
 def _profiled(loop, r: int, steps: int, top: int = 10) -> None:
-    from fedlight.lab.bench_routes import profile_round
+    from fedlight.lab.benchmarks.routes import profile_round
 
     prof = profile_round(loop, "stacked step", steps, r, top)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)
@@ -152,11 +152,11 @@ class _WgradBmm(torch.autograd.Function):
 
 
 class _WgradTriton(_WgradBmm):
-    """The same, the weight gradient from :func:`fedlight.lab.triton_wgrad.grouped_wgrad` (issue 42)."""
+    """The same, the weight gradient from :func:`fedlight.lab.benchmarks.triton_wgrad.grouped_wgrad` (issue 42)."""
 
     @staticmethod
     def backward(ctx, gy):
-        from fedlight.lab.triton_wgrad import grouped_wgrad
+        from fedlight.lab.benchmarks.triton_wgrad import grouped_wgrad
 
         xg, w = ctx.saved_tensors
         gx = torch.nn.grad.conv2d_input(xg.shape, w, gy, padding=1, groups=ctx.C)
@@ -201,7 +201,7 @@ def graphs_section(w, dev: str) -> None:
 
 
 def _proc_worker(rank: int, procs: int, shape: tuple[int, int, int], dev: str, compile, barrier, out) -> None:
-    from fedlight.lab.workload import Workload
+    from fedlight.lab.benchmarks.workload import Workload
 
     clients, steps, batch = shape
     share = clients // procs + (rank < clients % procs)  # 10 clients over 4 processes: 3, 3, 2, 2
@@ -235,7 +235,7 @@ def procs_section(w, dev: str, counts: tuple[int, ...], compile) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fedlight.lab.workload import Workload
+    from fedlight.lab.benchmarks.workload import Workload
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks the script, numbers meaningless")

@@ -123,7 +123,7 @@ $PY - "${RESTORE_FROM:-results/$NAME/runs}" "$TABLE" <<'PY' || exit 1
 import shutil, sys
 from pathlib import Path
 
-from fedlight.lab.report import finished
+from fedlight.lab.tables.report import finished
 
 src, dst = Path(sys.argv[1]), Path(sys.argv[2])
 for run in sorted(src.glob("*/*/seed*")) if src.is_dir() else []:
@@ -137,7 +137,7 @@ $PY tools/resume_runs.py restore "${RESUME_FROM:-$D/resume}" "$TABLE" || exit 1 
 mapfile -t PHASES < <($PY - "$CELLS" "${STATEFUL_ROWS:-scaffold fedgamma fedsmoo}" <<'PY'
 import fnmatch, sys
 
-from fedlight.lab.table_spec import cells, find_spec, load_spec
+from fedlight.lab.tables.spec import cells, find_spec, load_spec
 
 pats, stateful = [p.strip() for p in sys.argv[1].split(",") if p.strip()], sys.argv[2].split()
 names = [c.name for c in cells(load_spec(find_spec("fednsam_table2")))]
@@ -184,7 +184,7 @@ $PY - "$TABLE" "$P" <<'PY' || exit 1
 import shutil, sys
 from pathlib import Path
 
-from fedlight.lab.report import finished
+from fedlight.lab.tables.report import finished
 
 table, dst = Path(sys.argv[1]), Path(sys.argv[2])
 for f in [*table.glob("table.*"), *table.glob("*.png")]:

@@ -54,7 +54,7 @@ def resumable(run: Path) -> tuple[int, list[Path]] | None:
     """``(round, files)``: the round ``--resume auto`` continues ``run`` from and the files it needs; ``None``
     when the run is finished or has no usable checkpoint."""
     from fedlight.errors import ConfigError
-    from fedlight.lab.report import finished
+    from fedlight.lab.tables.report import finished
     from fedlight.run.client_files import locate, named
     from fedlight.run.directory import load_resume
 
@@ -168,7 +168,7 @@ def restore(src: Path, table: Path) -> None:
     if raw is None:
         print(f"resume: no {NAME} in {src}: nothing to restore")
         return
-    from fedlight.lab.report import finished
+    from fedlight.lab.tables.report import finished
 
     table.mkdir(parents=True, exist_ok=True)
     tmp = table.parent / f".{table.name}.resume-{os.getpid()}"

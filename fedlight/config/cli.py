@@ -31,16 +31,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ls": ("fedlight.config.cli:cmd_ls", "list algorithms, models, datasets, partitioners, tasks and recipes"),
     "partition": ("fedlight.config.cli:cmd_partition",
                   "print per-client sizes and class histograms of a recipe's split"),
-    "reproduce": ("fedlight.lab.reproduce:cmd_reproduce", "run a paper table: fedlight reproduce TABLE.yaml"),
-    "tune": ("fedlight.lab.tune:cmd_tune", "tune each row of a table with Optuna: fedlight tune TABLE.yaml"),
-    "report": ("fedlight.lab.report_plot:cmd_report",
+    "reproduce": ("fedlight.lab.tables.reproduce:cmd_reproduce", "run a paper table: fedlight reproduce TABLE.yaml"),
+    "tune": ("fedlight.lab.tuning.cli:cmd_tune", "tune each row of a table with Optuna: fedlight tune TABLE.yaml"),
+    "report": ("fedlight.lab.tables.report_plot:cmd_report",
                "compare finished runs (table + curves.png): fedlight report RUN..."),
-    "landscape": ("fedlight.lab.flatness_cli:cmd_landscape",
+    "landscape": ("fedlight.lab.flatness.cli:cmd_landscape",
                   "loss along random directions around a run's model (1-D/2-D plots)"),
-    "sharpness": ("fedlight.lab.flatness_cli:cmd_sharpness", "top Hessian eigenvalue, SAM sharpness of a run's model"),
+    "sharpness": ("fedlight.lab.flatness.cli:cmd_sharpness", "top Hessian eigenvalue, SAM sharpness of a run's model"),
     "verify": ("fedlight.run.verify:cmd_verify", "check a run directory's files: what is intact, which file is "
                "damaged (exit 0 / 2)"),
-    "bench": ("fedlight.lab.bench:cmd_bench",
+    "bench": ("fedlight.lab.benchmarks.cli:cmd_bench",
               "time fedlight against a minimal PyTorch loop (and at scale; --peers: and pfl-research)"),
 }
 USAGE = "usage: fedlight <command> [options]\n\ncommands:\n" + "".join(

@@ -7,7 +7,7 @@ from test_runner_routes import _state, _trained
 from test_runner_stacked import _close, _frozen_cnn
 from torch import nn
 
-from fedlight.lab import route_candidates as rc
+from fedlight.lab.benchmarks import route_candidates as rc
 
 
 def _candidate(name, candidate, rounds=2, **kw):
@@ -63,8 +63,8 @@ def test_triton_grouped_weight_gradient_equals_autograd_in_the_interpreter(strid
 
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    sys.modules.pop("fedlight.lab.triton_wgrad", None)
-    tw = importlib.import_module("fedlight.lab.triton_wgrad")
+    sys.modules.pop("fedlight.lab.benchmarks.triton_wgrad", None)
+    tw = importlib.import_module("fedlight.lab.benchmarks.triton_wgrad")
     g = torch.Generator().manual_seed(0)
     xg = torch.randn(3, 2 * 5, 7, 7, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(2 * 6, 5, 3, 3, generator=g, dtype=torch.float64, requires_grad=True)
@@ -73,4 +73,4 @@ def test_triton_grouped_weight_gradient_equals_autograd_in_the_interpreter(strid
     ref, = torch.autograd.grad(y, w, gy)
     mine = tw.grouped_wgrad(xg.detach().float(), gy.float(), 2, stride=stride, blocks=(16, 16, 16))
     torch.testing.assert_close(mine.double(), ref, rtol=0, atol=1e-4 * ref.abs().max().item())
-    sys.modules.pop("fedlight.lab.triton_wgrad", None)  # compiled for real next time it is imported
+    sys.modules.pop("fedlight.lab.benchmarks.triton_wgrad", None)  # compiled for real next time it is imported

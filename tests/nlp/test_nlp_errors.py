@@ -103,7 +103,7 @@ def test_the_glue_recipe_runs_end_to_end_on_local_folders(model_dir, glue_root, 
 
 
 def test_table3_reproduces_a_shrunk_cell_offline(model_dir, glue_root, tmp_path):
-    from fedlight.lab.reproduce import cmd_reproduce
+    from fedlight.lab.tables.reproduce import cmd_reproduce
 
     shrink = (f"rounds=1,loop.local_steps=2,loop.clients_per_round=2,data.init_args.num_clients=4,"
               f"data.init_args.batch_size=8,model.init_args.name={model_dir},data.init_args.tokenizer={model_dir},"

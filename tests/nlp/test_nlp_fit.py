@@ -167,12 +167,12 @@ def test_gpt2_on_shakespeare_runs_figure1_rules(rule, shakespeare_root, tmp_path
 
 
 def test_bench_lora_row_counts_adapter_bytes_and_adapter_sized_client_state(capsys):
-    from fedlight.lab import bench
+    from fedlight.lab.benchmarks import cli as bench
 
     assert bench.main(["--lora", "--tiny", "--no-vmap"]) == 0
     out = capsys.readouterr().out
     assert "roberta-lora tiny" in out and "stateful SCAFFOLD clients" in out
-    from fedlight.lab.bench_nlp import lora
+    from fedlight.lab.benchmarks.nlp import lora
 
     r = lora("tiny", clients=2, steps=1, batch=4, seq=16, reps=1, warmup=0, stateful=4)
     n = r["trainable_params"]  # 2 layers × (q, v) × (A + B) at r 16, width 32; head 32·32 + 32 + 2·32 + 2

@@ -220,7 +220,7 @@ def test_a_damaged_metrics_file_is_refused_naming_the_missing_rounds(damage, mes
         "Put back a copy of the file, or start over with `--overwrite true`")
     assert metrics.read_bytes() == before  # refused: nothing rewritten
     assert main(["verify", str(out)]) == 2
-    from fedlight.lab import jobs
+    from fedlight.lab.tables import jobs
 
     assert jobs.rounds_done(out) == rows_left  # `reproduce --status` counts the rows that are there
 

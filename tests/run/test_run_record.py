@@ -65,7 +65,7 @@ def test_python_api_and_cli_build_the_same_model_and_record_it(tmp_path):
     cfg = yaml.safe_load((tmp_path / "py" / "config.yaml").read_text())
     assert cfg["model"] == MLP_SPEC
     assert cfg["data"]["init_args"]["max_samples"] == 200  # data modules remember their constructor arguments
-    from fedlight.lab.landscape_run import load_run
+    from fedlight.lab.flatness.run import load_run
 
     run = load_run(tmp_path / "py", device="cpu")  # landscape / sharpness rebuild the Python-API run
     assert all(torch.equal(run.model.state_dict()[k], b[k]) for k in b)

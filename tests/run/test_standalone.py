@@ -277,7 +277,7 @@ def test_bad_input_is_one_line_exit_2(argv, message, tmp_path, capsys):
 
 
 def test_tables_do_not_take_a_replaced_summary(finished, tmp_path):
-    from fedlight.lab import report
+    from fedlight.lab.tables import report
 
     out = tmp_path / "run"
     shutil.copytree(finished, out)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from fedlight.config.cli import main
-from fedlight.lab import runner
+from fedlight.lab.tables import runner
 from fedlight.run.directory import flatten
 from fedlight.run.trackers import metrics_of
 

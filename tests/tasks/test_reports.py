@@ -10,7 +10,8 @@ import fedlight
 from fedlight.core.loop_config import LoopConfig
 from fedlight.data import SyntheticRegression
 from fedlight.errors import ConfigError
-from fedlight.lab import report, table_spec
+from fedlight.lab.tables import report
+from fedlight.lab.tables import spec as table_spec
 from fedlight.models import MLP
 
 
@@ -99,7 +100,7 @@ def test_a_recipe_whose_model_is_a_lightningmodule_leaves_its_metrics_to_the_run
     lit.write_text("model: {class_path: lit.LitMLP}\ndata: {class_path: fedlight.data.Synthetic}\n")
     assert table_spec.task_metrics(lit) is None
     assert table_spec._is_lightning_module("lit.LitMLP") and not table_spec._is_lightning_module("fedlight.models.MLP")
-    code = ("import sys; from fedlight.lab import table_spec as r; "
+    code = ("import sys; from fedlight.lab.tables import spec as r; "
             "assert not r._is_lightning_module('fedlight.models.MLP'); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout

@@ -1,5 +1,5 @@
 """Candidates for the rest of the stacked round's distance to its bound (issue 42), prepared on a CPU for one GPU
-call: options of the routes bench (:data:`fedlight.lab.bench_routes.ROUTES`), not routes of ``fedlight fit`` until
+call: options of the routes bench (:data:`fedlight.lab.benchmarks.routes.ROUTES`), not routes of ``fedlight fit`` until
 a GPU measures them. Each equals the sequential runner on a CPU (``tests/loop/test_route_candidates.py``).
 
 * ``bmm``: the per-layer kernel choice. The turn-2 profile had a batched matmul beating cuDNN's grouped convolution

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from fedlight.lab import report as rep
+from fedlight.lab.tables import report as rep
 
 EDGE = 0.05
 """A best value within this fraction of its range from a bound (on the log scale where the range is log) is at the
@@ -21,7 +21,7 @@ edge of the space: the search has not bracketed the optimum in that setting."""
 
 
 def write(job, command: str) -> str:
-    """Write the three outputs beside the runs (``job``: a :class:`fedlight.lab.tune.Job`); the Markdown text."""
+    """Write the three outputs beside the runs (``job``: a :class:`fedlight.lab.tuning.cli.Job`); the Markdown text."""
     import optuna
 
     from fedlight.run.files import atomic_write_text, git_revision

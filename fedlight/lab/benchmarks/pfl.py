@@ -3,7 +3,7 @@
 The same MLP and initial weights, the clients of every round in the driver's order (a sampler that replays them),
 SGD with the recipe's weight decay, pfl's local joint clip (``local_max_grad_norm``), the per-round lr decay as an
 adaptive hyperparameter, FedAvg with a central SGD at lr 1, and central evaluation on the test set every round.
-A round ends on the benchmark's clock (:class:`fedlight.lab.bench_work.RoundClock`) in the last callback of its
+A round ends on the benchmark's clock (:class:`fedlight.lab.benchmarks.work.RoundClock`) in the last callback of its
 central iteration, after the evaluation.
 """
 
@@ -26,7 +26,7 @@ def run_pfl(work: str, out: dict) -> None:
     from pfl.metrics import Metrics, Weighted
     from pfl.model.pytorch import PyTorchModel
 
-    from fedlight.lab.bench_work import RoundClock, _digest, load_work, mlp_like
+    from fedlight.lab.benchmarks.work import RoundClock, _digest, load_work, mlp_like
     from fedlight.models import MLP
 
     init, client, test, s = load_work(work)

@@ -14,7 +14,7 @@
     baseline: fedavg                  # optional: each cell's gap to this row (paired by seed), sign vs the paper's
     curves: [server/momentum_variance]  # optional: more panels in curves*.png (per-round keys of metrics.jsonl)
     notes: how this setup differs from the paper's
-    tune: {...}                       # optional: the search of `fedlight tune` (:mod:`fedlight.lab.tune_space`)
+    tune: {...}                       # optional: the search of `fedlight tune` (:mod:`fedlight.lab.tuning.space`)
 
 Overrides are ``fedlight fit`` flags without the dashes (``loop.rounds: 2`` → ``--loop.rounds 2``). A column
 may also carry ``metric:``; columns that differ only in it share one set of runs (e.g. rounds to 70 % and to 72 %).
@@ -29,7 +29,7 @@ from typing import Any
 
 from fedlight.config.cli import recipes_dir
 from fedlight.errors import ConfigError, check
-from fedlight.lab import report as rep
+from fedlight.lab.tables import report as rep
 
 SHRINK_KEYS = {"rounds": "loop.rounds", "subset": "data.init_args.subset", "test_subset": "data.init_args.test_subset"}
 SPEC_KEYS = {"title", "base", "metric", "also", "overrides", "rows", "columns", "cell_overrides", "paper", "notes",

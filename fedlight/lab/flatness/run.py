@@ -2,9 +2,9 @@
 
 :func:`load_run` rebuilds a run's model, data and task from ``RUN_DIR/config.yaml`` (the loss is the run's task
 objective: cross-entropy, MSE, next-token cross-entropy ...) and loads ``final_model.pt`` (or a checkpoint);
-:func:`data_batches` serves its data to the measurements of :mod:`fedlight.lab.landscape`. :func:`run_landscape` and
-:func:`run_sharpness` write plots, raw grids and JSON under ``RUN_DIR/landscape/``, and images/scalars to
-``RUN_DIR/tb``.
+:func:`data_batches` serves its data to the measurements of :mod:`fedlight.lab.flatness.landscape`.
+:func:`run_landscape` and :func:`run_sharpness` write plots, raw grids and JSON under ``RUN_DIR/landscape/``, and
+images/scalars to ``RUN_DIR/tb``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from fedlight.core import params as P
 from fedlight.errors import ConfigError, check
-from fedlight.lab.landscape import (
+from fedlight.lab.flatness.landscape import (
     landscape_1d,
     landscape_2d,
     loss,
@@ -186,7 +186,7 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: 
 
 def data_batches(data: Any, split: str = "train", max_samples: int | None = None, seed: int = 0,
                  batch_size: int | None = None) -> Callable[[], Iterator[Any]]:
-    """A re-iterable source of a federated data module's batches, for :func:`~fedlight.lab.landscape.loss` and
+    """A re-iterable source of a federated data module's batches, for :func:`~fedlight.lab.flatness.landscape.loss` and
     friends.
 
     ``train``: every client's samples once, without augmentation (so ``L`` is the sample-weighted federated

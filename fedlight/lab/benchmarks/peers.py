@@ -3,7 +3,7 @@
 The driver parses the recipe as ``fedlight fit`` does and writes the work once: the initial weights, the data (uint8,
 with the recipe's normalization), every client's index list and the client ids of every round. Each side then runs
 in a fresh process (so start-up counts), in interleaved pairs, and reports the end of each of its rounds on one
-clock (:class:`fedlight.lab.bench_work.RoundClock`), its peak RSS, its final test accuracy, the digest of the
+clock (:class:`fedlight.lab.benchmarks.work.RoundClock`), its peak RSS, its final test accuracy, the digest of the
 weights it started from and the clients it trained. The driver refuses to compare sides whose initial weights or
 client ids differ.
 
@@ -16,7 +16,7 @@ their median (order statistics, from 6 pairs); the driver adds pairs until the i
 
 The fedlight side is ``fedlight fit --config RECIPE`` itself; the minimal side (:func:`minimal`) is the loop a
 researcher would write by hand (one model, one SGD, ``clip_grad_norm_``); the pfl side is
-:mod:`fedlight.lab.bench_pfl`, run by ``--pfl-python`` (pfl-research 0.6.0, the ``bench`` extra; a separate
+:mod:`fedlight.lab.benchmarks.pfl`, run by ``--pfl-python`` (pfl-research 0.6.0, the ``bench`` extra; a separate
 virtual environment keeps its pins off the machine's python). No test asserts on time.
 """
 
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedlight.lab.bench_work import RoundClock, _digest, _peak_rss_mb, load_work, mlp_like
+from fedlight.lab.benchmarks.work import RoundClock, _digest, _peak_rss_mb, load_work, mlp_like
 
 SIDES = ("fedlight", "minimal", "pfl")
 RECIPE = "recipes/fedavg_mlp_fmnist_dir0.1.yaml"
@@ -163,7 +163,7 @@ def child(a: argparse.Namespace) -> int:
     elif a.side == "minimal":
         minimal(a.work, out)
     else:
-        from fedlight.lab.bench_pfl import run_pfl
+        from fedlight.lab.benchmarks.pfl import run_pfl
 
         run_pfl(a.work, out)
     out["rss_mb"] = _peak_rss_mb()

@@ -12,7 +12,7 @@ The loss ``L`` is the sample-weighted mean of ``objective(model, batch)`` over `
 zero-argument callable returning a fresh iterable), with the model in eval mode (BatchNorm uses its running
 statistics, dropout is off), so ``L`` is a deterministic function of the parameters. Only trainable parameters move.
 
-:mod:`fedlight.lab.landscape_run` does the same for a run directory (``fedlight landscape`` and ``fedlight
+:mod:`fedlight.lab.flatness.run` does the same for a run directory (``fedlight landscape`` and ``fedlight
 sharpness``): the run's model, its data, and its task's objective as the loss.
 """
 

@@ -1,4 +1,4 @@
-"""The CPU sections of :mod:`fedlight.lab.bench`.
+"""The CPU sections of :mod:`fedlight.lab.benchmarks.cli`.
 
 * :func:`overhead` (``--overhead``): the same FedAvg workload, in one process and interleaved round by round,
   through fedlight's real :class:`~fedlight.engine.loop.FederatedLoop`, through :class:`MinimalFedAvg` and (optionally)
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlight.lab.workload import Workload, fedlight_loop, peak_rss_mb, rss_now_mb, timed
+from fedlight.lab.benchmarks.workload import Workload, fedlight_loop, peak_rss_mb, rss_now_mb, timed
 
 
 # ------------------------------------------------------------------------------------------------- the two loops

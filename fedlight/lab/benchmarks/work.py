@@ -1,6 +1,6 @@
 """The work ``fedlight bench --peers`` hands every side (one file: initial weights, data, client lists, settings),
 and reading it back, and the one clock every side is timed by (:class:`RoundClock`); shared by the fedlight,
-minimal and pfl sides (:mod:`fedlight.lab.bench_peers`, :mod:`fedlight.lab.bench_pfl`)."""
+minimal and pfl sides (:mod:`fedlight.lab.benchmarks.peers`, :mod:`fedlight.lab.benchmarks.pfl`)."""
 
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ def lora(size: str = "tiny", clients: int = 4, steps: int = 10, batch: int = 32,
          warmup: int = 1, stateful: int = 20, accelerator: str = "cpu", precision: str = "32-true") -> dict[str, Any]:
     """Time FedAvg rounds of RoBERTa-LoRA and measure the state of ``stateful`` SCAFFOLD clients."""
     from fedlight.core import params as P
-    from fedlight.lab.workload import Workload, fedlight_loop, peak_rss_mb, rss_now_mb, timed
+    from fedlight.lab.benchmarks.workload import Workload, fedlight_loop, peak_rss_mb, rss_now_mb, timed
 
     w = Workload("mlp", clients=clients, steps=steps, batch=batch, lr=0.1)
     model = _model(size, seq)
@@ -100,7 +100,7 @@ def lora(size: str = "tiny", clients: int = 4, steps: int = 10, batch: int = 32,
 
 def _stateful(size: str, seq: int, clients: int, accelerator: str, precision: str) -> dict[str, Any]:
     """One round of SCAFFOLD with ``clients`` clients, all sampled: every client then holds its ``c_i``."""
-    from fedlight.lab.workload import Workload, fedlight_loop, rss_now_mb
+    from fedlight.lab.benchmarks.workload import Workload, fedlight_loop, rss_now_mb
 
     w = Workload("mlp", clients=clients, steps=1, batch=4, lr=0.1)
     before = rss_now_mb()

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from fedlight.errors import ConfigError, check
-from fedlight.lab import report as rep
-from fedlight.lab import table_spec
+from fedlight.lab.tables import report as rep
+from fedlight.lab.tables import spec as table_spec
 
 KEYS = {"trials", "rounds", "seeds", "objective", "sampler", "pruner", "column", "space", "stale_after_s"}
 SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "grid": "GridSampler"}

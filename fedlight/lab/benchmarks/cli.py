@@ -4,23 +4,23 @@ Entry point: ``python tools/bench.py [sections] [options]`` (``--help``). Sectio
 
 * ``--fit-wall`` (default): the round as a user waits for it: ``fedlight fit`` of the FedAvg Fashion-MNIST recipe
   (shortened rounds) against a minimal hand-written loop of the same work, wall time, one thread each, fresh
-  processes, interleaved repeats; median and spread of the ratio (:mod:`fedlight.lab.bench_fit`).
+  processes, interleaved repeats; median and spread of the ratio (:mod:`fedlight.lab.benchmarks.fit`).
 * ``--overhead``: the same FedAvg workload, in one process and interleaved round by round, through
   fedlight's real :class:`~fedlight.engine.loop.FederatedLoop` and through
-  :class:`~fedlight.lab.bench_cpu.MinimalFedAvg`; seconds per round of each (median after warm-up), their ratio, and
-  the same loop with ``loop.client_parallelism: vmap`` (all clients of the round stacked,
-  :mod:`fedlight.runners.stacked`) for the vectorised-client speedup (:mod:`fedlight.lab.bench_cpu`, as are the next
-  two).
+  :class:`~fedlight.lab.benchmarks.cpu.MinimalFedAvg`; seconds per round of each (median after warm-up), their ratio,
+  and the same loop with ``loop.client_parallelism: vmap`` (all clients of the round stacked,
+  :mod:`fedlight.runners.stacked`) for the vectorised-client speedup (:mod:`fedlight.lab.benchmarks.cpu`, as are the
+  next two).
 * ``--multiprocess``: ``fedlight fit`` in subprocesses with ``--devices 1`` and ``--devices 2`` on an MLP /
   Fashion-MNIST recipe (Synthetic when ``FEDLIGHT_DATA`` is unset): speedup, eval share of the run time, peak
   RSS, and the max |difference| of the final models.
 * ``--many-clients``: SCAFFOLD with 10,000 clients of the Fashion-MNIST MLP (about 8 GB of ``c_i``) through a
   :class:`~fedlight.engine.client_store.ClientStateStore` with a memory budget; process RSS and the per-round cost
   of the spill.
-* ``--lora``: RoBERTa + LoRA on GLUE-shaped token batches (:mod:`fedlight.lab.bench_nlp`, the ``nlp`` extra):
+* ``--lora``: RoBERTa + LoRA on GLUE-shaped token batches (:mod:`fedlight.lab.benchmarks.nlp`, the ``nlp`` extra):
   tokens per second and bytes per round, and the state of 20 stateful clients (adapter-sized, not model-sized).
 * ``--gpu``: ResNet-18-CIFAR at CIFAR-100 shapes, ``bf16-mixed``, every seed rule and FedAvg under each client
-  runner (:mod:`fedlight.lab.bench_gpu`): s/round, MFU, host/GPU time, peak memory. Needs CUDA; skipped (and
+  runner (:mod:`fedlight.lab.benchmarks.gpu`): s/round, MFU, host/GPU time, peak memory. Needs CUDA; skipped (and
   said so) without it.
 
 Nothing here asserts on time. Timings on shared machines are noisy: every comparison is interleaved and the
@@ -41,10 +41,10 @@ from typing import Any
 
 import torch
 
-from fedlight.lab import bench_fit
-from fedlight.lab.bench_cpu import many_clients, multiprocess, overhead, overhead_lines
-from fedlight.lab.bench_gpu import GPU_VARIANTS, gpu, report_lines
-from fedlight.lab.workload import Workload, peak_rss_mb
+from fedlight.lab.benchmarks import fit as bench_fit
+from fedlight.lab.benchmarks.cpu import many_clients, multiprocess, overhead, overhead_lines
+from fedlight.lab.benchmarks.gpu import GPU_VARIANTS, gpu, report_lines
+from fedlight.lab.benchmarks.workload import Workload, peak_rss_mb
 
 
 # ------------------------------------------------------------------------------------------------- environment
@@ -60,7 +60,7 @@ def environment() -> dict[str, Any]:
     except (OSError, StopIteration):
         pass
     try:
-        root = Path(__file__).resolve().parent.parent
+        root = Path(__file__).resolve().parent.parent.parent
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True,
@@ -112,7 +112,7 @@ def report(results: dict[str, Any]) -> str:
                    f"{c['checkpoint_s'][0]:.2f} s (first: flushes the in-memory states) / {c['checkpoint_s'][1]:.2f} "
                    f"s (next round); max |x_spilled - x_memory| {c['max_abs_diff_spilled_vs_memory']:.1e}")
     if "lora" in results:
-        from fedlight.lab.bench_nlp import report_lines as lora_lines
+        from fedlight.lab.benchmarks.nlp import report_lines as lora_lines
 
         out += lora_lines(results["lora"])
     if "gpu" in results:
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None, prog: str = "tools/bench.py") -> int:
     if sections["many_clients"]:
         results["many_clients"] = many_clients(a.num_clients, a.budget_mb, a.mc_rounds, spill_dir=a.spill_dir)
     if sections["lora"]:
-        from fedlight.lab import bench_nlp
+        from fedlight.lab.benchmarks import nlp as bench_nlp
 
         seq, stateful = (16, 3) if a.tiny else (a.lora_seq, 20)
         acc = "cuda" if a.lora_size == "base" and torch.cuda.is_available() else "cpu"
@@ -227,9 +227,9 @@ def main(argv: list[str] | None = None, prog: str = "tools/bench.py") -> int:
 
 
 def cmd_bench(argv: list[str]) -> int:
-    """``fedlight bench`` (``--peers``: :mod:`fedlight.lab.bench_peers`)."""
+    """``fedlight bench`` (``--peers``: :mod:`fedlight.lab.benchmarks.peers`)."""
     if "--peers" in argv:
-        from fedlight.lab.bench_peers import cmd_peers
+        from fedlight.lab.benchmarks.peers import cmd_peers
 
         return cmd_peers([a for a in argv if a != "--peers"])
     return main(argv, prog="fedlight bench")

@@ -97,10 +97,10 @@ def rounds_done(path: Path) -> int:
 
 
 def state(run, scheduler=None) -> tuple[str, str]:
-    """``(state, detail)`` of one run (a :class:`fedlight.lab.runner.Run`). ``scheduler(job_id)`` may name the
+    """``(state, detail)`` of one run (a :class:`fedlight.lab.tables.runner.Run`). ``scheduler(job_id)`` may name the
     scheduler's own state of a pending or running job (Slurm: ``PENDING``, ``RUNNING``, ``FAILED``, ..., then
     details)."""
-    from fedlight.lab import report as rep
+    from fedlight.lab.tables import report as rep
 
     if not run.valid():
         return "conflict", "made by another command (reproduce.json)"

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from fedlight.errors import ConfigError, check
-from fedlight.lab.runner import Run
-from fedlight.lab.table_spec import base_path
+from fedlight.lab.tables.runner import Run
+from fedlight.lab.tables.spec import base_path
 
 
 def parse_mode(text: str) -> int | str:
@@ -104,7 +104,7 @@ def _local_rule(alg: Any) -> Any:
 
 @dataclass
 class Group:
-    """Runs trained in one ``fedlight lockstep`` process; a unit of :func:`fedlight.lab.runner.run_all`."""
+    """Runs trained in one ``fedlight lockstep`` process; a unit of :func:`fedlight.lab.tables.runner.run_all`."""
 
     runs: list[Run]
 
@@ -143,7 +143,7 @@ class Group:
 
     def execute(self, env: dict, call) -> list[tuple[Run, str]]:
         """Run the group's runs still to do in one process: each run's outcome."""
-        from fedlight.lab import jobs
+        from fedlight.lab.tables import jobs
         from fedlight.run.files import atomic_write_text
 
         status = {id(r): "conflict" for r in self.runs if not r.valid()}

@@ -3,10 +3,11 @@ fedlight.config.cli fit --config BASE <overrides> --seed k --out_dir RUN --resum
 skipped, interrupted ones resume, and ``reproduce.json`` keeps another command from reusing a run folder.
 
 Launchers: ``--launcher local`` (default) runs the processes here, ``--jobs`` at a time (or ``--per-gpu N`` per
-visible GPU); ``--launcher slurm`` submits them as Slurm jobs through submitit (:mod:`fedlight.lab.slurm`), requeued
-with ``--resume auto`` on preemption or time-out. Either way each run folder keeps ``fit.log`` and ``job.json``, and
-``--status`` shows where every run stands (:mod:`fedlight.lab.jobs`). The local pool takes a list of runs or a
-source that makes them as it goes (``fedlight tune`` asks Optuna for the next trial when a slot is free).
+visible GPU); ``--launcher slurm`` submits them as Slurm jobs through submitit (:mod:`fedlight.lab.tables.slurm`),
+requeued with ``--resume auto`` on preemption or time-out. Either way each run folder keeps ``fit.log`` and
+``job.json``, and ``--status`` shows where every run stands (:mod:`fedlight.lab.tables.jobs`). The local pool takes a
+list of runs or a source that makes them as it goes (``fedlight tune`` asks Optuna for the next trial when a slot is
+free).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from typing import Any
 
 from fedlight.config.cli import recipes_dir
 from fedlight.errors import ConfigError, check
-from fedlight.lab import gpu_share
-from fedlight.lab import report as rep
-from fedlight.lab.jobs import Children
-from fedlight.lab.table_spec import Cell, base_path, flags, shrink_overrides
+from fedlight.lab.tables import gpu_share
+from fedlight.lab.tables import report as rep
+from fedlight.lab.tables.jobs import Children
+from fedlight.lab.tables.spec import Cell, base_path, flags, shrink_overrides
 
 IDENTITY = ("base", "flags")
 """The keys of a run's ``reproduce.json`` that say what experiment it is (``execution`` may differ on resume)."""
@@ -83,7 +84,7 @@ class Run:
         return outcome(self, rc)
 
     def execute(self, env: dict, call) -> str:
-        """Run it in the local pool (``call``: :meth:`fedlight.lab.jobs.Children.call`)."""
+        """Run it in the local pool (``call``: :meth:`fedlight.lab.tables.jobs.Children.call`)."""
         return run_one(self, env, call=call)
 
 
@@ -107,7 +108,7 @@ def run_one(run: Run, env: dict, call=None, mark: bool = True) -> str:
     signal, after a round: resumable) or 'conflict'. ``call`` runs the command (default ``subprocess.call``; it
     returns ``None`` when a stop came first and the command did not start); ``mark``: record the run's state in its
     ``job.json`` (for ``--status``)."""
-    from fedlight.lab import jobs
+    from fedlight.lab.tables import jobs
     from fedlight.run.files import atomic_write_text
 
     if not run.valid():
@@ -157,7 +158,7 @@ def run_env(jobs: int) -> dict[str, str]:
 
 def run_local(runs: list[Run], jobs: int, per_gpu: str | None, source=None, left: int = 0) -> dict[str, int]:
     """The local pool: ``jobs`` processes, or ``--per-gpu N|auto`` runs sharing each visible GPU (threads split,
-    caches shared, memory bounded: :mod:`fedlight.lab.gpu_share`); says how many share a GPU and why. ``source``
+    caches shared, memory bounded: :mod:`fedlight.lab.tables.gpu_share`); says how many share a GPU and why. ``source``
     (see :func:`run_all`) makes the runs as it goes, ``left`` of them at most."""
     want = gpu_share.parse_per_gpu(per_gpu)
     if want is None:
@@ -316,7 +317,7 @@ def launch(a: argparse.Namespace, spec: dict[str, Any], runs: list[Run], out: Pa
     if a.launcher == "local":
         check_local(a)
         return run_local(runs, a.jobs, a.per_gpu)
-    from fedlight.lab import slurm
+    from fedlight.lab.tables import slurm
 
     res = slurm.resources(spec, slurm_flags(a))
     distinct = list({r.path: r for r in runs}.values())
@@ -331,7 +332,7 @@ def launch(a: argparse.Namespace, spec: dict[str, Any], runs: list[Run], out: Pa
     if not a.wait:
         return {}
     slurm.wait(handles, a.cluster)
-    from fedlight.lab import jobs
+    from fedlight.lab.tables import jobs
 
     counts: dict[str, int] = {}
     for r in todo:  # what the jobs left: a run stopped (scancel) or failed makes the command fail
@@ -342,11 +343,11 @@ def launch(a: argparse.Namespace, spec: dict[str, Any], runs: list[Run], out: Pa
 
 
 def status(a: argparse.Namespace, out: Path, runs: list[Run]) -> int:
-    from fedlight.lab import jobs
+    from fedlight.lab.tables import jobs
 
     scheduler = None
     if any(jobs.read(r.path).get("launcher") == "slurm" for r in runs):  # submitted with sbatch: sacct knows more
-        from fedlight.lab import slurm
+        from fedlight.lab.tables import slurm
 
         scheduler = slurm.scheduler_state(out)
     print(jobs.status_table(runs, scheduler))

@@ -1,5 +1,5 @@
 """Finished runs → their metrics and a comparison table (Markdown + CSV), for ``fedlight report RUN_DIR...``
-(:mod:`fedlight.lab.report_plot`, which also draws the curves), ``fedlight reproduce`` and ``fedlight tune``.
+(:mod:`fedlight.lab.tables.report_plot`, which also draws the curves), ``fedlight reproduce`` and ``fedlight tune``.
 
 A run directory is anything holding ``metrics.jsonl`` (one JSON row per round, written by the loop) and, once
 finished, ``summary.json``. A directory that is not a run is searched recursively, so

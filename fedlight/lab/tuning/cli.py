@@ -1,11 +1,11 @@
 """``fedlight tune SPEC``: search each row's hyperparameters with Optuna on the same budget (the spec's ``tune:``
-section, :mod:`fedlight.lab.tune_space`), then ``fedlight reproduce SPEC --tuned OUT`` runs the table at the best
+section, :mod:`fedlight.lab.tuning.space`), then ``fedlight reproduce SPEC --tuned OUT`` runs the table at the best
 values.
 
 Each trial is ordinary ``fedlight fit`` runs, one per seed, in ``OUT/<row>/trial<NNN>/seed<k>`` (resumable,
 verifiable, tagged in the trackers with its study and trial), run by the job runner of ``fedlight reproduce``
-(:mod:`fedlight.lab.runner`: ``--jobs``, ``--per-gpu``, ``--launcher slurm``). The study is in Optuna's RDB
-storage (:mod:`fedlight.lab.tune_study`; default ``OUT/study.db``). While a trial runs, its evaluations are
+(:mod:`fedlight.lab.tables.runner`: ``--jobs``, ``--per-gpu``, ``--launcher slurm``). The study is in Optuna's RDB
+storage (:mod:`fedlight.lab.tuning.study`; default ``OUT/study.db``). While a trial runs, its evaluations are
 reported to Optuna (step = seed index × rounds + round); when the pruner says so, its run is stopped after its round
 in progress, its checkpoint written, and the trial is told pruned. Stop the command at any moment and run it again:
 finished trials stay, a trial whose worker is gone resumes its runs from their checkpoints, the study continues.
@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from fedlight.errors import check
-from fedlight.lab import report as rep
-from fedlight.lab import runner, tune_space, tune_study
-from fedlight.lab.table_spec import Cell, base_path, cells, find_spec, load_spec, with_params
+from fedlight.lab.tables import report as rep
+from fedlight.lab.tables import runner, studies
+from fedlight.lab.tables.spec import Cell, base_path, cells, find_spec, load_spec, with_params
+from fedlight.lab.tuning import space as tune_space
+from fedlight.lab.tuning import study as tune_study
 
 BEAT_S = 30.0
 """How often a running trial's worker refreshes its ``beat`` in the storage."""
@@ -122,11 +124,11 @@ class Job:
                  name: str, rows: list[str], shrink: str | None, execution: list[str], create: bool = True) -> None:
         self.spec, self.spec_path, self.tune, self.out, self.name = spec, spec_path, tune, out, name
         self.shrink, self.execution, self.url = shrink, execution, storage
-        self.storage = tune_study.open_storage(storage, create)
+        self.storage = studies.open_storage(storage, create)
         self.maximize = tune.maximize(spec)
         self.cells = {c.row: c for c in cells(spec) if c.col == tune.column and c.row in rows}
         self.studies = {row: tune_study.open_study(
-            self.storage, tune_study.study_name(name, row), tune.protocol(row, c.overrides, shrink, spec),
+            self.storage, studies.study_name(name, row), tune.protocol(row, c.overrides, shrink, spec),
             self.maximize, tune_study.sampler(tune, row), tune_study.pruner(tune), create)
             for row, c in self.cells.items()}
         self.taken: dict[str, set[int]] = {row: set() for row in self.cells}
@@ -150,7 +152,7 @@ class Job:
         runs = runner.plan(self.spec, [cell], list(range(self.tune.seeds)), self.out, self.shrink, self.execution,
                            table=self.spec_path.stem)
         for r in runs:
-            r.record["cell"].update(study=tune_study.study_name(self.name, row), trial=trial.number)
+            r.record["cell"].update(study=studies.study_name(self.name, row), trial=trial.number)
         return runs
 
     def intermediate(self, rows: list[dict[str, Any]], key: str) -> float:
@@ -174,7 +176,7 @@ class Job:
 
 
 def default_out(spec_path: Path, shrink: str | None) -> Path:
-    from fedlight.lab.reproduce import default_out as table_out
+    from fedlight.lab.tables.reproduce import default_out as table_out
 
     return Path("runs") / "tune" / table_out(spec_path, shrink).name
 
@@ -197,7 +199,7 @@ def cmd_tune(argv: list[str]) -> int:
                    "the shared storage (give a --storage all of them reach, e.g. PostgreSQL)")
     runner.cluster_arguments(p)
     a = p.parse_args(argv)
-    tune_study.need_optuna()
+    studies.need_optuna()
     spec_path = find_spec(a.spec)
     spec = load_spec(spec_path)
     where = f"table spec {spec_path}"
@@ -230,7 +232,7 @@ def cmd_tune(argv: list[str]) -> int:
         print(f"fedlight tune: stopped by {counts['signal']}; the runs stopped after a finished round; to continue, "
               f"run the same command again: {shlex.join(['fedlight', 'tune', *argv])}", file=sys.stderr, flush=True)
         return 128 + int(getattr(signal, counts["signal"]))
-    from fedlight.lab import tune_report
+    from fedlight.lab.tuning import report as tune_report
 
     print(tune_report.write(job, shlex.join(["fedlight", "tune", *argv])))
     print(f"\nwrote {out / 'tune.md'} and {out / 'tune.csv'}")

@@ -1,6 +1,6 @@
 """``fedlight landscape`` and ``fedlight sharpness``: flatness tools on a finished (or checkpointed) run.
 
-Resolved lazily by :mod:`fedlight.config.cli`; the work is done in :mod:`fedlight.lab.landscape_run`.
+Resolved lazily by :mod:`fedlight.config.cli`; the work is done in :mod:`fedlight.lab.flatness.run`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def cmd_landscape(argv: list[str]) -> int:
-    from fedlight.lab.landscape_run import run_landscape
+    from fedlight.lab.flatness.run import run_landscape
 
     p = _parser("fedlight landscape", "Loss of the global model along filter-normalized random directions "
                 "(Li et al. 2018): a 1-D curve or a 2-D contour, as PNG, CSV/NPZ and TensorBoard images.")
@@ -50,7 +50,7 @@ def cmd_landscape(argv: list[str]) -> int:
 
 
 def cmd_sharpness(argv: list[str]) -> int:
-    from fedlight.lab.landscape_run import run_sharpness
+    from fedlight.lab.flatness.run import run_sharpness
 
     p = _parser("fedlight sharpness", "Top Hessian eigenvalue (power iteration on Hessian-vector products) and "
                 "SAM sharpness max_{|e|<=rho} L(x+e) - L(x) (projected ascent) of the global model.")

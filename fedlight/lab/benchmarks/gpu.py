@@ -76,7 +76,7 @@ def _nvidia_smi() -> str:
 def gpu(reps: int = 5, warmup: int = 2, variants: tuple[str, ...] = GPU_VARIANTS, clients: int = 10,
         steps: int = 50, batch: int = 50, accelerator: str = "cuda") -> dict[str, Any]:
     """Every variant on the same data; ``accelerator="cpu"`` is a smoke test of this section (MFU meaningless)."""
-    from fedlight.lab.workload import Workload
+    from fedlight.lab.benchmarks.workload import Workload
     from fedlight.models import ResNet18
 
     cuda = accelerator == "cuda"
@@ -113,7 +113,7 @@ def gpu(reps: int = 5, warmup: int = 2, variants: tuple[str, ...] = GPU_VARIANTS
 
 def _variant(variant, algo, switches, model, fps, clients_data, w, accelerator, reps, warmup) -> dict[str, Any]:
     from fedlight import get_algorithm  # fedlight's own rules registered first
-    from fedlight.lab.workload import fedlight_loop, timed
+    from fedlight.lab.benchmarks.workload import fedlight_loop, timed
 
     cuda = accelerator == "cuda"
     mode = "sequential" if "sequential" in switches else "vmap" if "vmap" in switches else "auto"

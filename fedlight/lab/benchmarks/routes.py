@@ -34,8 +34,8 @@ ROUTES: dict[str, dict[str, Any]] = {  # in the order a short device window shou
     "stacked+whole-step-graphs": {"parallelism": "graphs", "compile": False},  # issue 57: not measured yet
 }
 """Route name → ``fedlight_loop`` keywords (``compile`` is replaced by ``smoke_backend`` on CPU); ``candidate``: a
-runner of :mod:`fedlight.lab.route_candidates` put in the stacked runner's place. Streams eager and streams compiled
-are gone (issue 42: slower than sequential + compiled on an H200)."""
+runner of :mod:`fedlight.lab.benchmarks.route_candidates` put in the stacked runner's place. Streams eager and streams
+compiled are gone (issue 42: slower than sequential + compiled on an H200)."""
 
 FIRST_CALL = ("stacked+graphs", "stacked+channels_last+graphs", "stacked+graphs+bmm", "stacked+graphs+halves",
               "stacked")
@@ -123,9 +123,9 @@ def anchor(w, dev: str, smoke_backend: str = "aot_eager") -> dict[str, float]:
 
 def route_row(name: str, w, dev: str, rounds: int = 3, smoke_backend: str = "aot_eager") -> dict[str, Any]:
     """One route's FedAvg rounds (see the module docstring); ``x0``: the model after round 0, for the comparison."""
-    from fedlight.lab.bench_gpu import H100_BF16_PEAK, flop_per_sample
-    from fedlight.lab.route_candidates import swap
-    from fedlight.lab.workload import fedlight_loop
+    from fedlight.lab.benchmarks.gpu import H100_BF16_PEAK, flop_per_sample
+    from fedlight.lab.benchmarks.route_candidates import swap
+    from fedlight.lab.benchmarks.workload import fedlight_loop
 
     d = torch.device(dev)
     kw = dict(ROUTES[name])
@@ -206,7 +206,7 @@ def profile_round(loop, name: str, steps: int, r: int, top: int = 8):
     returns the profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    from fedlight.lab.bench_gpu import kernel_seconds
+    from fedlight.lab.benchmarks.gpu import kernel_seconds
 
     dev = loop.device
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])

@@ -188,16 +188,16 @@ def fit_wall(reps: int = 6, rounds: int = 5, recipe: str = RECIPE, workdir: str 
     import torch
 
     root = Path(workdir or tempfile.mkdtemp(prefix="fedlight-bench-fit-"))
-    here = Path(recipe) if Path(recipe).exists() else Path(__file__).resolve().parents[2] / recipe
+    here = Path(recipe) if Path(recipe).exists() else Path(__file__).resolve().parents[3] / recipe
     root.mkdir(parents=True, exist_ok=True)
     config = shortened(here, rounds, root / "recipe.yaml", tiny)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+        [str(Path(__file__).resolve().parents[3]), os.environ.get("PYTHONPATH", "")])}
     runs: dict[str, list[dict[str, Any]]] = {"fit": [], "minimal": []}
     for i in range(reps):
         for side in (("fit", "minimal") if i % 2 == 0 else ("minimal", "fit")):
             out = root / f"{side}{i}"
-            res = subprocess.run([sys.executable, "-m", "fedlight.lab.bench_fit", side, str(config), str(out)],
+            res = subprocess.run([sys.executable, "-m", "fedlight.lab.benchmarks.fit", side, str(config), str(out)],
                                  capture_output=True, text=True, env=env, timeout=3600)
             if res.returncode != 0:
                 raise RuntimeError(f"{side} run {i} failed:\n{res.stderr[-3000:]}")
@@ -238,8 +238,8 @@ def report_lines(f: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m fedlight.lab.bench_fit SIDE CONFIG OUT``: one timed side; prints its JSON line."""
-    p = argparse.ArgumentParser(prog="python -m fedlight.lab.bench_fit")
+    """``python -m fedlight.lab.benchmarks.fit SIDE CONFIG OUT``: one timed side; prints its JSON line."""
+    p = argparse.ArgumentParser(prog="python -m fedlight.lab.benchmarks.fit")
     p.add_argument("side", choices=("fit", "minimal"))
     p.add_argument("config", type=Path)
     p.add_argument("out", type=Path)

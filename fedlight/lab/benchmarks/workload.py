@@ -1,5 +1,5 @@
-"""What :mod:`fedlight.lab.bench_cpu`, :mod:`~fedlight.lab.bench_gpu` and :mod:`~fedlight.lab.bench_nlp` share: the
-workload, a real loop on it, a timer that waits for the device, and the process's memory."""
+"""What :mod:`fedlight.lab.benchmarks.cpu`, :mod:`~fedlight.lab.benchmarks.gpu` and :mod:`~fedlight.lab.benchmarks.nlp`
+share: the workload, a real loop on it, a timer that waits for the device, and the process's memory."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The curves of finished runs (``curves.png``, ``curves*.png``) and ``fedlight report RUN_DIR...``, which writes
-them next to the comparison table of :mod:`fedlight.lab.report`.
+them next to the comparison table of :mod:`fedlight.lab.tables.report`.
 
 A figure has a panel for the headline test metric and one for the train loss against rounds, then one panel per
 extra per-round key of ``metrics.jsonl`` asked for (``--curves server/momentum_variance``, a table spec's
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlight.errors import check
-from fedlight.lab.report import csv_text, find_runs, headline, markdown_table, metric_label, read_curve, run_rows
+from fedlight.lab.tables.report import csv_text, find_runs, headline, markdown_table, metric_label, read_curve, run_rows
 from fedlight.run.files import is_fraction
 
 

@@ -11,8 +11,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from fedlight.lab.report import hardware, metric_label, read_summary, stats
-from fedlight.lab.report_plot import check_curve_keys, plot_curves
+from fedlight.lab.tables.report import hardware, metric_label, read_summary, stats
+from fedlight.lab.tables.report_plot import check_curve_keys, plot_curves
 
 
 def paper_value(spec: dict, cell) -> Any:

@@ -1,10 +1,10 @@
 """``fedlight reproduce SPEC``: re-run a paper table with one command and put the paper's numbers next to ours.
 
 A *table spec* (``recipes/tables/*.yaml``) names a base recipe, a grid of overrides and the paper's values
-(:mod:`fedlight.lab.table_spec`).
+(:mod:`fedlight.lab.tables.spec`).
 Cell ``row/col`` runs, for seed k, in ``OUT/<row>/<col>/seed<k>`` through the job runner of
-:mod:`fedlight.lab.runner` (``--jobs``, ``--per-gpu``, ``--launcher slurm``, ``--status``). With ``--tuned
-STUDY`` each row runs at the best values a ``fedlight tune`` study found for it (:mod:`fedlight.lab.tune`).
+:mod:`fedlight.lab.tables.runner` (``--jobs``, ``--per-gpu``, ``--launcher slurm``, ``--status``). With ``--tuned
+STUDY`` each row runs at the best values a ``fedlight tune`` study found for it (:mod:`fedlight.lab.tuning.cli`).
 Accuracies are in %, like the papers' tables.
 """
 
@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 
 from fedlight.errors import check
-from fedlight.lab import lockstep_runs, runner, table_report
-from fedlight.lab import report as rep
-from fedlight.lab.report_plot import check_curve_keys
-from fedlight.lab.runner import Run
-from fedlight.lab.table_spec import base_path, cells, check_task_metrics, find_spec, load_spec, with_params
+from fedlight.lab.tables import lockstep_runs, runner, table_report
+from fedlight.lab.tables import report as rep
+from fedlight.lab.tables.report_plot import check_curve_keys
+from fedlight.lab.tables.runner import Run
+from fedlight.lab.tables.spec import base_path, cells, check_task_metrics, find_spec, load_spec, with_params
 
 
 # ------------------------------------------------------------------------------------------------ the table
@@ -73,9 +73,9 @@ def default_out(spec_path: Path, shrink: str | None, tuned: str | None = None) -
 
 def tuned_rows(spec, spec_path: Path, every: list, tuned: str) -> dict[str, str]:
     """``--tuned``: each cell of a row with a study takes its best values; row -> those values as text."""
-    from fedlight.lab import tune_study
+    from fedlight.lab.tables import studies
 
-    best = tune_study.tuned_values(spec_path, list(spec["rows"]), tuned)
+    best = studies.tuned_values(spec_path, list(spec["rows"]), tuned)
     for c in every:
         c.overrides = with_params(c.overrides, best.get(c.row, {}))
     return {row: ", ".join(f"{k} = {v:.4g}" if isinstance(v, float) else f"{k} = {v}" for k, v in best[row].items())

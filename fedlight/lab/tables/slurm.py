@@ -7,7 +7,7 @@ fill a GPU). Each run is the same ``fedlight fit ... --resume auto`` process as 
 ``--signal USR2`` before the time limit; preemption), :meth:`CellJob.checkpoint` sends each run ``SIGUSR1``: the run
 stops after its round in progress, its checkpoint written (see :mod:`fedlight.run.stops`), and submitit requeues the
 job, which resumes every unfinished run. This module imports submitit; nothing imports it unless asked for a Slurm
-launch. It does not import :mod:`fedlight.lab.runner` either: the launcher hands each job the functions that run
+launch. It does not import :mod:`fedlight.lab.tables.runner` either: the launcher hands each job the functions that run
 a run and build its environment (pickled by name with the job).
 """
 
@@ -124,10 +124,10 @@ def slot_env(env: dict[str, str], slot: int, res: Resources, size: int) -> dict[
 class CellJob(submitit.helpers.Checkpointable):
     """One job: its runs as ``fedlight fit`` processes side by side; requeued (with every unfinished run resuming)
     through submitit's checkpoint hook. ``run_one(run, env, call=, mark=)`` runs one run and ``run_env(jobs)`` builds
-    the processes' environment (the launcher's own, :func:`fedlight.lab.runner.run_one` and ``run_env``)."""
+    the processes' environment (the launcher's own, :func:`fedlight.lab.tables.runner.run_one` and ``run_env``)."""
 
     def __init__(self, runs: list, res: Resources, run_one: Callable, run_env: Callable) -> None:
-        from fedlight.lab.jobs import Children
+        from fedlight.lab.tables.jobs import Children
 
         self.runs, self.res, self.run_one, self.run_env = runs, res, run_one, run_env
         # SIGINT/SIGUSR1 to the job process go on to its runs; SIGTERM stays submitit's (ignored: the scheduler
@@ -158,7 +158,7 @@ class CellJob(submitit.helpers.Checkpointable):
         return {str(r.path): s for r, s in zip(self.runs, statuses)}
 
     def _one(self, slot: int) -> str:
-        from fedlight.lab import jobs
+        from fedlight.lab.tables import jobs
 
         run = self.runs[slot]
         env = slot_env(self.run_env(1), slot, self.res, len(self.runs))
@@ -175,7 +175,7 @@ class CellJob(submitit.helpers.Checkpointable):
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """submitit's hook at the end-of-job signal: stop every run after its round, then requeue this job."""
-        from fedlight.lab import jobs
+        from fedlight.lab.tables import jobs
 
         self._requeueing = True
         live = self._children.live()
@@ -202,7 +202,7 @@ def _ignore_end_signal() -> None:
 def submit(runs: list, res: Resources, out: Path, cluster: str, run_one: Callable, run_env: Callable) -> list:
     """Submit the unfinished runs, ``res.per_job()`` per job (a job array on Slurm), each job running its runs with
     ``run_one`` in ``run_env`` (see :class:`CellJob`); returns the submitit jobs."""
-    from fedlight.lab import jobs
+    from fedlight.lab.tables import jobs
 
     if cluster == "slurm" and not _which("sbatch"):
         raise ConfigError("`--launcher slurm` found no `sbatch` on PATH: run it on a Slurm login node (or rehearse "
@@ -227,7 +227,7 @@ def wait(handles: list, cluster: str, poll_s: float = 2.0) -> None:
     (so ``--status`` right after shows the end, not ``RUNNING``/``COMPLETING`` while the job's process exits), or a
     final state without a result (cancelled, failed, timed out; submitit alone waits for ever for such a job where
     Slurm keeps no accounting); a job Slurm no longer knows has ended when its result is written."""
-    from fedlight.lab import jobs
+    from fedlight.lab.tables import jobs
 
     def running(h) -> bool:
         if cluster != "slurm":
