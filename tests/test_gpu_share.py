@@ -83,7 +83,7 @@ def test_per_gpu_auto_packs_the_table_first_run_alone_seed_zero_first(tmp_path, 
         return 0
 
     monkeypatch.setattr(runner.Children, "call", fake_fit)
-    main(["reproduce", str(spec), "--seeds", "2", "--per-gpu", "auto", "--out", str(tmp_path / "o")])
+    main(["reproduce", str(spec), "--seeds", "2", "--per-gpu", "auto", "--lockstep", "off", "--out", str(tmp_path / "o")])
     out = capsys.readouterr().out
     # 4 runs to do, 8 cores, 3 GiB = 1 slice of 2 GiB: one at a time, and it says why
     assert "1 run(s) at a time on each of 1 GPU(s) (--per-gpu auto: 4 runs to do, 8 CPU cores" in out
@@ -93,7 +93,7 @@ def test_per_gpu_auto_packs_the_table_first_run_alone_seed_zero_first(tmp_path, 
     assert re.search(r"4 runs in \d+ s: 4 failed; 12 rounds, [\d.]+ rounds/s of the table \(1 at a time\)", out)
     starts.clear()
     lead_done.clear()
-    main(["reproduce", str(spec), "--seeds", "2", "--per-gpu", "4", "--out", str(tmp_path / "p")])
+    main(["reproduce", str(spec), "--seeds", "2", "--per-gpu", "4", "--lockstep", "off", "--out", str(tmp_path / "p")])
     assert [s[2] for s in starts] == [False, True, True, True]  # the others only after the first's first round
     env = starts[0][3]
     assert env["OMP_NUM_THREADS"] in ("1", "2") and float(env[gpu_share.FRACTION_ENV]) == pytest.approx(0.2375)

@@ -28,13 +28,25 @@ SPEC = {
 }
 
 
+def _make_study(spec_path: Path, out: Path) -> None:
+    """The row's study with the protocol ``fedlight tune`` records, no trial run (``--report-only`` makes none)."""
+    from fedlight.lab.tables.spec import load_spec
+    from fedlight.lab.tuning import cli as tune_cli
+    from fedlight.lab.tuning import space as tune_space
+    from fedlight.lab.tuning import study as tune_study
+
+    spec = load_spec(spec_path)
+    tune_cli.Job(spec, spec_path, tune_space.parse(spec, str(spec_path)), out, tune_study.storage_url(None, out),
+                 spec_path.stem, list(spec["rows"]), None, [], create=True)
+
+
 def _report(tmp_path, monkeypatch, capsys, trials: list[tuple[float, float, float]]) -> tuple[str, str, str]:
     """tune.md, stdout and stderr of ``--report-only`` on a study holding ``trials`` (lr, server_lr, objective)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "recipes").symlink_to(ROOT / "recipes")
     Path("spec.yaml").write_text(yaml.safe_dump(SPEC, sort_keys=False))  # the space in its order
     args = ["tune", "spec.yaml", "--out", "out", "--report-only"]
-    assert main(args) == 0  # makes the (empty) study with its protocol
+    _make_study(Path("spec.yaml"), Path("out"))  # the (empty) study with its protocol, as `fedlight tune` makes it
     study = optuna.load_study(study_name="spec/fedavg", storage=f"sqlite:///{tmp_path / 'out' / 'study.db'}")
     dists = {"loop.lr": optuna.distributions.FloatDistribution(0.01, 1.0, log=True),
              "algorithm.init_args.server_lr": optuna.distributions.FloatDistribution(0.5, 1.5)}
