@@ -83,7 +83,8 @@ def test_per_gpu_auto_packs_the_table_first_run_alone_seed_zero_first(tmp_path, 
         return 0
 
     monkeypatch.setattr(runner.Children, "call", fake_fit)
-    main(["reproduce", str(spec), "--seeds", "2", "--per-gpu", "auto", "--lockstep", "off", "--out", str(tmp_path / "o")])
+    main(["reproduce", str(spec), "--seeds", "2", "--per-gpu", "auto", "--lockstep", "off",
+          "--out", str(tmp_path / "o")])
     out = capsys.readouterr().out
     # 4 runs to do, 8 cores, 3 GiB = 1 slice of 2 GiB: one at a time, and it says why
     assert "1 run(s) at a time on each of 1 GPU(s) (--per-gpu auto: 4 runs to do, 8 CPU cores" in out

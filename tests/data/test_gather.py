@@ -78,7 +78,8 @@ def test_equal_images_are_copied_to_a_device_once():
     on = device_copy.on_device(a, torch.device("meta"))
     assert device_copy.on_device(a.clone(), torch.device("meta")) is on  # another run's load of the same images
     assert device_copy.on_device(a + 1, torch.device("meta")) is not on
-    assert device_copy.on_device(a.float(), torch.device("meta")) is not device_copy.on_device(a.float(), torch.device("meta"))
+    meta = torch.device("meta")
+    assert device_copy.on_device(a.float(), meta) is not device_copy.on_device(a.float(), meta)
 
 
 def test_overriding_data_modules_keep_their_own_batches():
