@@ -191,8 +191,9 @@ def test_local_per_gpu_gives_each_process_its_gpu(tmp_path, monkeypatch, capsys)
         return 0
 
     monkeypatch.setattr(runner.Children, "call", fake_fit)
-    main(["reproduce", str(spec), "--seeds", "3", "--per-gpu", "3", "--out", str(tmp_path / "o"), "--table-only"])
-    main(["reproduce", str(spec), "--seeds", "3", "--per-gpu", "3", "--out", str(tmp_path / "o")])
+    plain = ["--seeds", "3", "--per-gpu", "3", "--lockstep", "off", "--out", str(tmp_path / "o")]  # runs, not groups
+    main(["reproduce", str(spec), *plain, "--table-only"])
+    main(["reproduce", str(spec), *plain])
     assert len(seen) == 6 and set(seen) <= {"0", "1"}
     assert runner.gpu_slots(2, 2) == ["0", "0", "1", "1"] and runner.gpu_slots(None, 0) is None
     with pytest.raises(ConfigError, match="--per-gpu.*shows none"):

@@ -114,6 +114,12 @@ def test_resumed_rounds_replace_the_interrupted_ones(tmp_path):
     for r in (1, 2, 3):
         first.log_round({"round": r, "train_loss": float(r)}, step=r)
     first.close()
+    # TensorBoard reads a folder's event files in name order: time (s), host, pid, then a per-process writer count.
+    # A resumed run is a later process; here both writers share this process and maybe one second, and the count
+    # sorts as text (writer 10 before writer 9 in a long suite), so date the first attempt's file a second earlier.
+    (old,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+    stamp = old.name.split(".")[3]
+    old.rename(old.with_name(old.name.replace(f".{stamp}.", f".{int(stamp) - 1:010d}.", 1)))
     second = RunLogger(tmp_path)  # resumed from the checkpoint after round 1
     for r in (2, 3, 4):
         second.log_round({"round": r, "train_loss": 10.0 * r}, step=r)

@@ -150,11 +150,11 @@ def test_next_round_runs_while_the_checkpoint_is_written(tmp_path, monkeypatch):
     from fedlight.engine.loop import FederatedLoop
 
     started = {r: threading.Event() for r in range(1, 5)}
-    run_round = FederatedLoop.run_round
+    round_steps = FederatedLoop.round_steps  # what the fit driver calls for each round (run_round drives it alone)
 
     def spy_round(self, r):
         started[r + 1].set()
-        return run_round(self, r)
+        return round_steps(self, r)
 
     out, seen, in_flight = tmp_path / "run", [], []
     save = records.atomic_torch_save
@@ -172,7 +172,7 @@ def test_next_round_runs_while_the_checkpoint_is_written(tmp_path, monkeypatch):
         save(obj, path, before_replace, previous)
         in_flight.pop()
 
-    monkeypatch.setattr(FederatedLoop, "run_round", spy_round)
+    monkeypatch.setattr(FederatedLoop, "round_steps", spy_round)
     monkeypatch.setattr(records, "atomic_torch_save", slow_save)
     fedlight.fit(tiny_cnn(), TensorClients(image_clients(), batch_size=4), fedlight.create("scaffold"),
                  LoopConfig(rounds=3, clients_per_round=3, local_steps=2, progress=False), out_dir=str(out))
