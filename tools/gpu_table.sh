@@ -109,6 +109,7 @@ if [ $BENCH = 1 ]; then  # the device benchmark and the CUDA values of the exact
   el "bench exit $?: $(tail -1 "$OUT/bench.txt")"; grep '^ratio' "$OUT/bench.txt"
   timeout 150 $PY -m pytest -q -p no:cacheprovider -k cuda tests/data/test_gather.py tests/loop/test_round_end.py \
     tests/loop/test_runners.py tests/loop/test_runner_routes.py tests/loop/test_runner_graphed.py \
+    tests/loop/test_lockstep.py \
     > "$OUT/cuda_tests.txt" 2>&1
   rc=$?; el "cuda tests exit $rc$([ $rc = 5 ] && echo ': none ran (no CUDA here)'): $(tail -1 "$OUT/cuda_tests.txt")"
 fi
@@ -148,7 +149,8 @@ PY
 )
 LOCK=()
 if [ "${LOCKSTEP:-$([ $MODE = smoke ] && echo 0 || echo auto)}" != 0 ]; then
-  $PY -m fedlight reproduce --help 2>&1 | grep -q -- '--lockstep' && LOCK=(--lockstep) \
+  $PY -m fedlight reproduce --help 2>&1 | grep -q -- '--lockstep' \
+    && LOCK=(--lockstep "$([ "${LOCKSTEP:-auto}" = 1 ] && echo on || echo "${LOCKSTEP:-auto}")") \
     || { [ "${LOCKSTEP:-auto}" = 1 ] && { echo "LOCKSTEP=1 but this fedlight reproduce has no --lockstep"; exit 2; }; }
 fi
 ROUNDS=$([ $MODE = smoke ] && echo 3 || echo 1000)
@@ -169,6 +171,14 @@ for phase in 0 1; do
   timeout -s TERM -k 40 $BUDGET $PY -m fedlight reproduce fednsam_table2 --cells "$cells" --seeds "$SEEDS" "${PER[@]}" \
     "${LOCK[@]}" "${SHRINK[@]}" --out "$TABLE" --fit-args "${FIT_ARGS:---loop.save_every 25}"
   rc=$?; el "reproduce exit $rc$([ $rc = 124 ] || [ $rc = 143 ] && echo ': stopped at the limit; the next call resumes')"
+  BUDGET=$(( LIMIT - ($(date +%s) - T0) - RESERVE ))
+  if [ $rc != 0 ] && [ $rc != 124 ] && [ $rc != 143 ] && [ ${#LOCK[@]} != 0 ] && [ $BUDGET -gt 30 ]; then
+    # a lockstep failure must not cost the window: the phase again as separate processes (its runs resume)
+    el "the phase failed in lockstep (exit $rc): again with --lockstep off for the $BUDGET s left"
+    timeout -s TERM -k 40 $BUDGET $PY -m fedlight reproduce fednsam_table2 --cells "$cells" --seeds "$SEEDS" \
+      "${PER[@]}" --lockstep off "${SHRINK[@]}" --out "$TABLE" --fit-args "${FIT_ARGS:---loop.save_every 25}"
+    rc=$?; el "reproduce (lockstep off) exit $rc"
+  fi
   [ $rc = 0 ] || break
 done
 [ $RAN = 1 ] || rc=1

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fedtest import image_clients, tiny_cnn
+from fedtest import DEVICES, image_clients, tiny_cnn
 
 import fedlight
 from fedlight.config.group import lockstep_fit, member_argvs
@@ -37,7 +37,8 @@ TABLE2 = {  # the rows of recipes/tables/fednsam_table2.yaml, as there
 TIMING = ("time", "seconds", "rss_mb", "warm_up", "_s")
 
 
-def _run(tmp: Path, name: str, row: str, seed: int, parallelism: str, precision: str = "64-true", **loop) -> dict:
+def _run(tmp: Path, name: str, row: str, seed: int, parallelism: str, precision: str = "64-true",
+         accelerator: str = "cpu", **loop) -> dict:
     """One run's ``fit`` arguments; ``vmap`` runs take chunks of up to 9 clients (unset, a CPU group would train
     each run's clients apart: ``engine.lockstep.train_together``)."""
     alg, args = TABLE2[row]
@@ -47,7 +48,7 @@ def _run(tmp: Path, name: str, row: str, seed: int, parallelism: str, precision:
            **loop}
     return dict(model=tiny_cnn(seed), data=TensorClients(clients, test=clients[0], batch_size=4),
                 algorithm=fedlight.create(alg, **args), loop=LoopConfig(**cfg), seed=seed, out_dir=str(tmp / name),
-                precision=precision, loggers=None)
+                precision=precision, accelerator=accelerator, loggers=None)
 
 
 def _rows(out: Path) -> list[dict]:
@@ -160,6 +161,17 @@ def test_group_equals_alone_32(tmp_path):
     for s, row in enumerate(rows):
         fedlight.fit(**_run(tmp_path, f"a{s}", row, s, "sequential", "32-true"))
         assert_same_run(tmp_path / f"g{s}", tmp_path / f"a{s}", 1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("row", ["fedavg", "fednsam", "scaffold"])
+def test_group_on_the_device_equals_each_run_alone(row, device, tmp_path):
+    """The same group on each device (the ``cuda`` values in a GPU window, tools/gpu_table.sh --bench): 3 seeds of a
+    row in one union on the device equal each run trained alone there by the sequential runner, 64-true, 1e-12."""
+    lockstep_fit([_run(tmp_path, f"g{s}", row, s, "vmap", accelerator=device) for s in range(3)])
+    for s in range(3):
+        fedlight.fit(**_run(tmp_path, f"a{s}", row, s, "sequential", accelerator=device))
+        assert_same_run(tmp_path / f"g{s}", tmp_path / f"a{s}", 1e-12)
 
 
 def test_batched_evaluation_equals_each_runs_own(tmp_path, spy_eval):
