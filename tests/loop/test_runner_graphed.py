@@ -34,6 +34,34 @@ def loop(name: str, route: str, precision: str, device: str = "cpu", **kw) -> Fe
     return FederatedLoop(fabric, model, data, fedlight.create(name), cfg, 0, "unused", data.default_task())
 
 
+CUDA_REL = {"64-true": 1e-12, "32-true": 1e-5, "bf16-mixed": 1e-2}
+
+
+def same(want: dict, got: dict, device: str, precision: str) -> None:
+    """Bitwise on the CPU (the captured step is the eager step called on static buffers). On CUDA, to rounding: a
+    captured step may run other cuDNN kernels than the eager one (the H200 window of 2026-11-28: 64-true differed in
+    the last bits of the first convolution's weights after 3 rounds, 32-true and bf16-mixed were bitwise)."""
+    if device == "cpu":
+        return assert_equal(want, got)
+    rel = CUDA_REL[precision]
+    for (k, a), (_, b) in zip(_leaves(want), _leaves(got), strict=True):
+        if isinstance(a, torch.Tensor):
+            a, b = a.double().cpu(), b.double().cpu()
+            assert float((a - b).abs().max()) <= rel * max(1.0, float(b.abs().max())), k
+        elif isinstance(a, float):
+            assert a == pytest.approx(b, rel=rel, abs=rel), k
+        else:
+            assert a == b, k
+
+
+def _leaves(tree, path="run"):
+    if isinstance(tree, dict):
+        return [x for k in tree for x in _leaves(tree[k], f"{path}.{k}")]
+    if isinstance(tree, (list, tuple)):
+        return [x for i, v in enumerate(tree) for x in _leaves(v, f"{path}[{i}]")]
+    return [(path, tree)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("precision", ["64-true", "32-true", "bf16-mixed"])
 @pytest.mark.parametrize("name", ["fedavg", "fedsam", "fednsam", "scaffold"])
@@ -44,7 +72,7 @@ def test_graph_route_equals_eager_stacked(name, precision, device):
     if name != "scaffold":  # one chunk shape, captured once, replayed in every round (scaffold: new clients differ)
         assert len(graphs.runner.graphs) == 1
     assert {c for row in want["clients"] for c, *_ in row} != set(want["clients"][0][i][0] for i in range(3))
-    assert_equal(want, got)
+    same(want, got, device, precision)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -52,7 +80,7 @@ def test_graph_route_with_chunks_and_a_second_shape(device):
     """Chunks of 2 of 3 clients: two shapes (2 and 1 clients), each with its static buffers, still bitwise."""
     want = trained(loop("fedsam", "vmap", "64-true", device, vmap_chunk=2))
     run = loop("fedsam", "graphs", "64-true", device, vmap_chunk=2)
-    assert_equal(want, trained(run))
+    same(want, trained(run), device, "64-true")
     assert len(run.runner.graphs) == 2
 
 
