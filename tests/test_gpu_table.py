@@ -202,11 +202,15 @@ def run_tool(cmd: str, a: Path, b: Path, **constants) -> str:
     return buf.getvalue()
 
 
-def test_gpu_table_smoke_in_lockstep(tmp_path):
-    """``LOCKSTEP=1`` (what ``auto`` is on the GPU): the column's seeds train as one lockstep group through the
-    script's own ``fedlight reproduce`` line (``--lockstep on``), and every run finishes."""
-    log = smoke(tmp_path, "out", SMOKE_CELLS="fednsam/lenet5_cifar10", SMOKE_SEEDS="2", LOCKSTEP="1")
-    assert "--lockstep on" in log and "the phase failed in lockstep" not in log
+@pytest.mark.parametrize("lockstep", ["1", "column"])
+def test_gpu_table_smoke_in_lockstep(lockstep, tmp_path):
+    """``LOCKSTEP=1`` (what ``auto`` is on the GPU) and ``column`` (with ``MPS=1``, which a machine without MPS
+    declines in one line): the seeds train as one lockstep group through the script's own ``fedlight reproduce``
+    line, and every run finishes."""
+    log = smoke(tmp_path, "out", SMOKE_CELLS="fednsam/lenet5_cifar10", SMOKE_SEEDS="2", LOCKSTEP=lockstep,
+                **({"MPS": "1"} if lockstep == "column" else {}))
+    assert f"--lockstep {'on' if lockstep == '1' else 'column'}" in log and "the phase failed in lockstep" not in log
+    assert ("MPS: not used (no nvidia-cuda-mps-control here)" in log) == (lockstep == "column")
     assert "fednsam/lenet5_cifar10 seed0: done" in log and "fednsam/lenet5_cifar10 seed1: done" in log
     for seed in (0, 1):
         rows = (table_dir(tmp_path) / f"fednsam/lenet5_cifar10/seed{seed}" / "metrics.jsonl").read_text().splitlines()

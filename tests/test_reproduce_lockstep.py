@@ -38,7 +38,7 @@ def test_modes():
         lockstep_runs.parse_mode("0")
     assert lockstep_runs.decide("off", "local")[0] == 1 and lockstep_runs.decide("on", "local")[0] is None
     assert lockstep_runs.decide("auto", "local")[0] == (None if torch.cuda.is_available() else 1)
-    assert lockstep_runs.decide(2, "local")[0] == 2
+    assert lockstep_runs.decide(2, "local")[0] == 2 and lockstep_runs.decide("column", "local")[0] is None
     assert lockstep_runs.decide("auto", "slurm")[0] == 1
     with pytest.raises(ConfigError, match="slurm"):
         lockstep_runs.decide("on", "slurm")
@@ -83,3 +83,20 @@ def test_reproduce_groups_seeds_and_rows_of_one_local_rule(tmp_path, capsys, mon
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
     after = torch.load(run / "final_model.pt", weights_only=True)
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_column_mode_puts_every_rule_of_a_column_in_one_process(tmp_path, capsys):
+    """``--lockstep column``: the 6 runs (three rules, two local rules) in one ``fedlight lockstep`` process, which
+    trains FedAvg with FedAvgM as one union and FedProx as another; each run ends as the same run in ``on`` mode."""
+    spec = write_spec(tmp_path / "t.yaml")
+    base = [str(spec), "--seeds", "2", "--shrink", SHRINK, "--fit-args", VMAP]
+    assert main(["reproduce", *base, "--out", str(tmp_path / "c"), "--lockstep", "column", "--dry-run"]) == 0
+    commands = capsys.readouterr().out.splitlines()
+    assert len(commands) == 1 and commands[0].count(" :: ") == 5 and "FedProx" in commands[0]
+    for mode in ("column", "on"):
+        assert main(["reproduce", *base, "--out", str(tmp_path / mode), "--lockstep", mode, "--jobs", "1"]) == 0
+    assert "6 runs in 1 processes" in capsys.readouterr().out
+    for run in sorted((tmp_path / "on").glob("*/synthetic/seed*")):
+        other = tmp_path / "column" / run.relative_to(tmp_path / "on")
+        a, b = (torch.load(r / "final_model.pt", weights_only=True) for r in (run, other))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), run

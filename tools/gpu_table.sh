@@ -26,7 +26,8 @@
 # STATEFUL_S_PER_ROUND (seconds a round of their lockstep group, measured in an earlier window; unset: not started,
 # one line says so) within the time left. The stateless rows take the rest; what they do not finish comes back as
 # checkpoints (resume.tar.gz). With a `fedlight reproduce` that has `--lockstep` (LOCKSTEP=auto, the default on the
-# GPU; 1 forces it, 0 leaves it off), the runs of a phase train in lockstep groups.
+# GPU; 1 forces it, 0 leaves it off, column puts a column's runs in one process), the runs of a phase train in
+# lockstep groups. MPS=1 runs them under an MPS daemon of this call (quit after them; one line if there is none).
 # docs/reproducing_tables.md gives the exact `run` calls. Variables: PER_GPU (auto), SEEDS (3), CELLS, RESTORE_FROM,
 # RESUME_FROM (.gpu/resume), RESUME_PARTS (4), PYTHON, FIT_ARGS (how the runs execute; default "--loop.save_every 25":
 # a checkpoint every 25 rounds, and one whenever a run is stopped, instead of one per round from 16 processes at
@@ -153,6 +154,17 @@ if [ "${LOCKSTEP:-$([ $MODE = smoke ] && echo 0 || echo auto)}" != 0 ]; then
     && LOCK=(--lockstep "$([ "${LOCKSTEP:-auto}" = 1 ] && echo on || echo "${LOCKSTEP:-auto}")") \
     || { [ "${LOCKSTEP:-auto}" = 1 ] && { echo "LOCKSTEP=1 but this fedlight reproduce has no --lockstep"; exit 2; }; }
 fi
+MPSCTL=""  # MPS=1: the runs of this call under an MPS daemon of their own (its pipe under $D/mps), quit after them
+if [ "${MPS:-0}" = 1 ]; then
+  if [ $MODE != smoke ] && command -v nvidia-cuda-mps-control > /dev/null 2>&1; then
+    export CUDA_MPS_PIPE_DIRECTORY=$D/mps/pipe CUDA_MPS_LOG_DIRECTORY=$D/mps/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then MPSCTL=nvidia-cuda-mps-control; el "MPS: a daemon for this call's runs"
+    else unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; el "MPS: the daemon did not start; the runs go on without it"; fi
+  else
+    el "MPS: not used (no nvidia-cuda-mps-control here)"
+  fi
+fi
 ROUNDS=$([ $MODE = smoke ] && echo 3 || echo 1000)
 el "table: cells $CELLS, $SEEDS seed(s), ${PER[*]} ${LOCK[*]}; stateful first: ${PHASES[0]:-none}"
 RESERVE=45  # the table, the curves and both packs after the stop (2026-11-28, before the resume pack: 11 s)
@@ -181,6 +193,7 @@ for phase in 0 1; do
   fi
   [ $rc = 0 ] || break
 done
+[ -n "$MPSCTL" ] && { echo quit | $MPSCTL; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; el "MPS: daemon stopped"; }
 [ $RAN = 1 ] || rc=1
 if [ $rc != 0 ] || [ ! -f "$TABLE/table.md" ]; then  # stopped (or a run failed): the table of what has finished
   $PY -m fedlight reproduce fednsam_table2 --cells "$CELLS" --seeds "$SEEDS" "${SHRINK[@]}" --out "$TABLE" \

@@ -23,15 +23,17 @@ from fedlight.lab.tables.spec import base_path
 
 
 def parse_mode(text: str) -> int | str:
-    """``--lockstep``: ``auto``, ``on``, ``off`` or N (groups of at most N runs)."""
-    if text in ("auto", "on", "off"):
+    """``--lockstep``: ``auto``, ``on``, ``off``, ``column`` (one process for the runs of a column, whatever their
+    rules) or N (groups of at most N runs)."""
+    if text in ("auto", "on", "off", "column"):
         return text
     try:
         n = int(text)
     except ValueError:
         n = 0
     if n < 1:
-        raise ConfigError(f"`--lockstep` takes auto, on, off or a number of runs per group (>= 1), got {text!r}")
+        raise ConfigError(f"`--lockstep` takes auto, on, off, column or a number of runs per group (>= 1), got "
+                          f"{text!r}")
     return n
 
 
@@ -44,7 +46,7 @@ def decide(mode: int | str, launcher: str) -> tuple[int | None, str]:
               "off` (or auto)")
         return 1, "--launcher slurm: one job per run"
     if mode != "auto":
-        return (None if mode == "on" else int(mode)), f"--lockstep {mode}"
+        return (None if mode in ("on", "column") else int(mode)), f"--lockstep {mode}"
     if not _cuda():
         return 1, ("auto: off on CPU, where a group trains no faster than its runs one by one (results/performance.md "
                    "§12); `--lockstep on` groups them anyway (one process per group)")
@@ -57,14 +59,20 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def group(runs: list[Run], spec: dict[str, Any], limit: int | None) -> list[Any]:
-    """``runs`` with those that can share a chunk replaced by :class:`Group` s of at most ``limit`` runs."""
+def group(runs: list[Run], spec: dict[str, Any], limit: int | None, by_rule: bool = True) -> list[Any]:
+    """``runs`` with those that can share a chunk replaced by :class:`Group` s of at most ``limit`` runs.
+
+    ``by_rule=False`` (``--lockstep column``): the runs of a column in one process whatever their local rules; the
+    group trains what shares a chunk together and the rest one union after another, on one GPU context. (On a GPU
+    shared by one process per rule, the processes time-slice the card: in the H200 window of 2026-11-28 seven
+    lockstep processes together made about the client steps per second of one run alone,
+    results/gpu_window_2026-11-28_lockstep.md.)"""
     distinct = list({r.path: r for r in runs}.values())
     if limit == 1:
         return distinct
     keyed: dict[Any, list[Run]] = {}
     for r in distinct:
-        keyed.setdefault(_key(r, spec), []).append(r)
+        keyed.setdefault(_key(r, spec) if by_rule else _key(r, spec)[:2], []).append(r)
     out: list[Any] = []
     for members in keyed.values():
         step = limit or len(members)

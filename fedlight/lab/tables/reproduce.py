@@ -103,11 +103,12 @@ def cmd_reproduce(argv: list[str]) -> int:
                    "running, stopped, done, failed with the last line of its fit.log) and stop")
     p.add_argument("--tuned", default=None, metavar="STUDY", help="run each row at the best values of its `fedlight "
                    "tune` study: the tune output folder (or its storage URL); the table shows them in a column")
-    p.add_argument("--lockstep", default="auto", metavar="auto|on|off|N", help="train the runs that can share a "
-                   "stacked chunk (the seeds of a row; rows with the same local rule, e.g. FedAvg and FedAvgM) as "
-                   "lockstep groups, one process each (`fedlight lockstep`): on, off, N (groups of at most N runs), "
-                   "or auto (default): on with a GPU, off on CPU (where it gains nothing). Each run keeps its own "
-                   "directory, outcome and resume")
+    p.add_argument("--lockstep", default="auto", metavar="auto|on|off|column|N", help="train the runs that can "
+                   "share a stacked chunk (the seeds of a row; rows with the same local rule, e.g. FedAvg and FedAvgM) "
+                   "as lockstep groups, one process each (`fedlight lockstep`): on, off, N (groups of at most N runs), "
+                   "column (one process for all the runs of a column, whatever their rules: one GPU context instead "
+                   "of several time-slicing the card), or auto (default): on with a GPU, off on CPU (where it gains "
+                   "nothing). Each run keeps its own directory, outcome and resume")
     runner.cluster_arguments(p)
     a = p.parse_args(argv)
     lockstep = lockstep_runs.parse_mode(a.lockstep)
@@ -127,7 +128,7 @@ def cmd_reproduce(argv: list[str]) -> int:
     runs = runner.plan(spec, every, seeds, out, a.shrink, runner.execution_args(a.fit_args), table=spec_path.stem)
     chosen = [r for r in runs if any(r.cell is c for c in todo)]
     limit, why = lockstep_runs.decide(lockstep, a.launcher)
-    units = lockstep_runs.group(chosen, spec, limit)
+    units = lockstep_runs.group(chosen, spec, limit, by_rule=lockstep != "column")
     if a.dry_run:
         print("\n".join(shlex.join(["fedlight", *r.argv]) for r in units))
         return 0
