@@ -336,3 +336,15 @@ def test_the_stop_reaches_every_member_whichever_leaves_first():
             m.__exit__(None, None, None)
         assert stops.requested() == "SIGTERM"
     assert stops.requested() is None and not stops.ACTIVE
+
+
+def test_a_column_group_of_different_rules_equals_each_run_alone(tmp_path):
+    """``--lockstep column``: runs whose local rules differ (plain, SAM-like, stateful) in one group; each trains in a
+    union of its own kind, and each equals its run alone, 64-true, 1e-12."""
+    rows = ["fedavg", "fednsam", "scaffold", "fedavgm"]
+    said = []
+    res = lockstep_fit([_run(tmp_path, f"g{s}", row, s, "vmap") for s, row in enumerate(rows)], say=said.append)
+    assert all(isinstance(v, dict) and v["rounds_completed"] == 3 for v in res.values()), res
+    for s, row in enumerate(rows):
+        fedlight.fit(**_run(tmp_path, f"a{s}", row, s, "sequential"))
+        assert_same_run(tmp_path / f"g{s}", tmp_path / f"a{s}", 1e-12)
