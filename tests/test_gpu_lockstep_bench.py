@@ -1,10 +1,14 @@
 """``tools/gpu_lockstep_bench.py --smoke``: the device benchmark of issue 57 runs whole on the CPU at a tiny size
 (every section, the ratios against the pool measured in the same call, the JSON), so a GPU window only measures."""
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
+import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,8 +20,24 @@ def test_bench_smoke_runs_every_section(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     log, got = res.stdout, json.loads(out.read_text())
     assert {(r["layer"], r["models"], r["layout"]) for r in got["conv"]} == {
-        (c, m, lay) for c in ("conv1", "conv2") for m in (2, 3) for lay in ("nchw", "channels_last")}
+        (c, m, lay) for c in ("conv1", "conv2") for m in (2, 3) for lay in ("nchw", "channels_last")} | {
+        ("conv1", m, "im2col_bmm") for m in (2, 3)}
     assert all(r["tflops"] > 0 for r in got["conv"])
     assert set(got["routes"]) == {"eager", "graphed", "pool"}  # no compile and no MPS on the CPU: one line each
     assert "step  compiled: skipped" in log and "pool  with MPS: not measured" in log
     assert "ratio pool         1.00 x today's pool without MPS" in log
+
+
+def test_im2col_conv1_is_the_grouped_convolution():
+    """The bench's ``im2col+bmm`` conv1 computes what the stacked grouped convolution computes (float64, 3 models)."""
+    spec = importlib.util.spec_from_file_location("gpu_lockstep_bench", ROOT / "tools" / "gpu_lockstep_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    M, B = 3, 2
+    torch.manual_seed(0)
+    x = torch.randn(M, B, 3, 32, 32, dtype=torch.float64)
+    w = torch.randn(M, 64, 3, 5, 5, dtype=torch.float64)
+    grouped = F.conv2d(x.transpose(0, 1).reshape(B, M * 3, 32, 32), w.reshape(M * 64, 3, 5, 5), groups=M)
+    want = grouped.view(B, M, 64, 28 * 28).permute(1, 2, 0, 3).reshape(M, 64, B * 28 * 28)
+    got = bench.conv1_bmm(x.reshape(M * B, 3, 32, 32), w.reshape(M, 64, 75), M, B)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -7,7 +7,8 @@ through LeNet-5, forward + backward + SGD update, 80.6 MFLOP an image):
 
 1. ``conv``: LeNet-5's conv1 (3→64) and conv2 (64→64), 5×5, stacked over 10/30/110/330 models as one grouped
    convolution (what ``vmap`` makes of a convolution with per-model weights), forward + backward in bf16, NCHW and
-   channels-last: ms and TFLOP/s (conv1 needs no input gradient: 2× its forward; conv2 3×).
+   channels-last: ms and TFLOP/s (conv1 needs no input gradient: 2× its forward; conv2 3×); and conv1 as unfold +
+   one batched matmul per model (``im2col+bmm``), the candidate for its slow grouped form.
 2. ``step``: one stacked step of 330 clients (the column's 33 runs × 10 clients) eager (``vmap`` of
    ``functional_call``), graphed (the whole step, forward + backward + update, captured once in a CUDA graph over
    static parameter, batch and gradient buffers, the lr a device tensor) and compiled (``torch.compile`` of the
@@ -84,7 +85,30 @@ def conv_section(dev, models, batch, reps) -> list[dict]:
                 flop = 2 * batch * M * 64 * (side - 4) ** 2 * cin * 25 * (3 if input_grad else 2)
                 rows.append({"layer": layer, "models": M, "layout": layout, "ms": s * 1e3, "tflops": flop / s / 1e12})
                 print(f"conv  {layer} {M:>4} models {layout:<13} {s * 1e3:8.3f} ms  {flop / s / 1e12:8.2f} TFLOP/s")
+    for M in models:  # conv1 another way: its patches unfolded once, then one batched matmul per model
+        s, flop = im2col_conv1(dev, M, batch, reps)
+        rows.append({"layer": "conv1", "models": M, "layout": "im2col_bmm", "ms": s * 1e3, "tflops": flop / s / 1e12})
+        print(f"conv  conv1 {M:>4} models {'im2col+bmm':<13} {s * 1e3:8.3f} ms  {flop / s / 1e12:8.2f} TFLOP/s")
     return rows
+
+
+def im2col_conv1(dev, M: int, batch: int, reps: int) -> tuple[float, float]:
+    """Seconds of conv1 forward + weight gradient for ``M`` models as unfold + ``bmm`` (the stacked grouped
+    convolution of 3 input channels ran at 10-16 TFLOP/s on an H200), and its FLOP (the convolution's, as above)."""
+    x = torch.randn(M * batch, 3, 32, 32, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(M, 64, 75, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    gout = torch.randn(M, 64, batch * 28 * 28, device=dev, dtype=torch.bfloat16)
+
+    def step():
+        conv1_bmm(x, w, M, batch).backward(gout)
+
+    return timed(step, dev, reps), 2 * batch * M * 64 * 28 ** 2 * 3 * 25 * 2
+
+
+def conv1_bmm(x: torch.Tensor, w: torch.Tensor, M: int, batch: int) -> torch.Tensor:
+    """conv1 of ``M`` models: ``x`` [M·batch, 3, 32, 32] (model-major), ``w`` [M, 64, 75] → [M, 64, batch·784]."""
+    cols = F.unfold(x, 5).view(M, batch, 75, 28 * 28).transpose(1, 2).reshape(M, 75, batch * 28 * 28)
+    return torch.bmm(w, cols)
 
 
 # --------------------------------------------------------------------------------------------------- 2. step
