@@ -168,6 +168,11 @@ fi
 ROUNDS=$([ $MODE = smoke ] && echo 3 || echo 1000)
 el "table: cells $CELLS, $SEEDS seed(s), ${PER[*]} ${LOCK[*]}; stateful first: ${PHASES[0]:-none}"
 RESERVE=45  # the table, the curves and both packs after the stop (2026-11-28, before the resume pack: 11 s)
+phase() {  # CELLS SECONDS [--lockstep MODE]: one phase's runs through `fedlight reproduce`, stopped after SECONDS
+  local cells=$1 seconds=$2; shift 2
+  timeout -s TERM -k 40 $seconds $PY -m fedlight reproduce fednsam_table2 --cells "$cells" --seeds "$SEEDS" \
+    "${PER[@]}" "$@" "${SHRINK[@]}" --out "$TABLE" --fit-args "${FIT_ARGS:---loop.save_every 25}"
+}
 rc=0; RAN=0
 for phase in 0 1; do
   cells=${PHASES[$phase]:-}; [ -n "$cells" ] || continue
@@ -180,16 +185,13 @@ for phase in 0 1; do
   fi
   if [ $BUDGET -le 10 ]; then el "no time left for runs (limit $LIMIT s)"; rc=1; break; fi
   RAN=1
-  timeout -s TERM -k 40 $BUDGET $PY -m fedlight reproduce fednsam_table2 --cells "$cells" --seeds "$SEEDS" "${PER[@]}" \
-    "${LOCK[@]}" "${SHRINK[@]}" --out "$TABLE" --fit-args "${FIT_ARGS:---loop.save_every 25}"
-  rc=$?; el "reproduce exit $rc$([ $rc = 124 ] || [ $rc = 143 ] && echo ': stopped at the limit; the next call resumes')"
+  phase "$cells" $BUDGET "${LOCK[@]}"; rc=$?
+  el "reproduce exit $rc$([ $rc = 124 ] || [ $rc = 143 ] && echo ': stopped at the limit; the next call resumes')"
   BUDGET=$(( LIMIT - ($(date +%s) - T0) - RESERVE ))
   if [ $rc != 0 ] && [ $rc != 124 ] && [ $rc != 143 ] && [ ${#LOCK[@]} != 0 ] && [ $BUDGET -gt 30 ]; then
     # a lockstep failure must not cost the window: the phase again as separate processes (its runs resume)
     el "the phase failed in lockstep (exit $rc): again with --lockstep off for the $BUDGET s left"
-    timeout -s TERM -k 40 $BUDGET $PY -m fedlight reproduce fednsam_table2 --cells "$cells" --seeds "$SEEDS" \
-      "${PER[@]}" --lockstep off "${SHRINK[@]}" --out "$TABLE" --fit-args "${FIT_ARGS:---loop.save_every 25}"
-    rc=$?; el "reproduce (lockstep off) exit $rc"
+    phase "$cells" $BUDGET --lockstep off; rc=$?; el "reproduce (lockstep off) exit $rc"
   fi
   [ $rc = 0 ] || break
 done

@@ -189,8 +189,7 @@ def stop_signals():
     outermost block catches the signal for every run of the process, and its flag stays set until the group ends, so
     every member stops after the same round. (Each member catching for itself lost the stop: the signal reached only
     the member whose handler was installed last, and once that member left, the others no longer saw it; a GPU
-    window's FedLESAM group stopped two of its three runs and the third trained on until it was killed.) A stop
-    that a nested block saw is handed to the blocks around it when it ends."""
+    window's FedLESAM group stopped two of its three runs and the third trained on until it was killed.)"""
     raise_pending()
     flag = StopSignals()
     if threading.current_thread() is threading.main_thread() and not any(f.previous for f in ACTIVE):
@@ -203,8 +202,6 @@ def stop_signals():
         yield flag
     finally:
         ACTIVE.remove(flag)
-        for outer in ACTIVE if flag.name else ():
-            outer.name = outer.name or flag.name
         for sig, handler in flag.previous.items():
             signal.signal(sig, handler)
         if flag.name and LEAVING:

@@ -63,16 +63,15 @@ def group(runs: list[Run], spec: dict[str, Any], limit: int | None, by_rule: boo
     """``runs`` with those that can share a chunk replaced by :class:`Group` s of at most ``limit`` runs.
 
     ``by_rule=False`` (``--lockstep column``): the runs of a column in one process whatever their local rules; the
-    group trains what shares a chunk together and the rest one union after another, on one GPU context. (On a GPU
-    shared by one process per rule, the processes time-slice the card: in the H200 window of 2026-11-28 seven
-    lockstep processes together made about the client steps per second of one run alone,
-    results/gpu_window_2026-11-28_lockstep.md.)"""
+    group trains what shares a chunk together and the rest one union after another, on one GPU context. (In the H200
+    window of 2026-11-28 seven lockstep processes, one per rule, together made about the client steps per second of
+    one run alone, as processes taking turns on the card would; results/gpu_window_2026-11-28_lockstep.md.)"""
     distinct = list({r.path: r for r in runs}.values())
     if limit == 1:
         return distinct
     keyed: dict[Any, list[Run]] = {}
     for r in distinct:
-        keyed.setdefault(_key(r, spec) if by_rule else _key(r, spec)[:2], []).append(r)
+        keyed.setdefault(_key(r, spec, by_rule), []).append(r)
     out: list[Any] = []
     for members in keyed.values():
         step = limit or len(members)
@@ -82,13 +81,16 @@ def group(runs: list[Run], spec: dict[str, Any], limit: int | None, by_rule: boo
     return out
 
 
-def _key(run: Run, spec: dict[str, Any]) -> tuple:
-    """What runs of one group agree on: every flag but the seed and the algorithm, and the algorithm's local rule."""
+def _key(run: Run, spec: dict[str, Any], by_rule: bool = True) -> tuple:
+    """What runs of one group agree on: every flag but the seed and the algorithm, and (``by_rule``) the algorithm's
+    local rule."""
     fl = run.record["flags"]
     pairs = [(fl[i], fl[i + 1]) for i in range(0, len(fl) - 1, 2) if fl[i] != "--seed"]
+    rest = (tuple((k, v) for k, v in pairs if k != "--algorithm"), tuple(run.record.get("execution", [])))
+    if not by_rule:
+        return rest
     alg = next((json.loads(v) for k, v in pairs if k == "--algorithm"), None)
-    rest = tuple((k, v) for k, v in pairs if k != "--algorithm")
-    return (rest, tuple(run.record.get("execution", [])), _local_rule(alg if alg is not None else _base_alg(spec)))
+    return (*rest, _local_rule(alg if alg is not None else _base_alg(spec)))
 
 
 def _base_alg(spec: dict[str, Any]) -> Any:

@@ -107,7 +107,7 @@ def cmd_reproduce(argv: list[str]) -> int:
                    "share a stacked chunk (the seeds of a row; rows with the same local rule, e.g. FedAvg and FedAvgM) "
                    "as lockstep groups, one process each (`fedlight lockstep`): on, off, N (groups of at most N runs), "
                    "column (one process for all the runs of a column, whatever their rules: one GPU context instead "
-                   "of several time-slicing the card), or auto (default): on with a GPU, off on CPU (where it gains "
+                   "of several sharing the card), or auto (default): on with a GPU, off on CPU (where it gains "
                    "nothing). Each run keeps its own directory, outcome and resume")
     runner.cluster_arguments(p)
     a = p.parse_args(argv)
