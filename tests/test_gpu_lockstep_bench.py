@@ -23,8 +23,9 @@ def test_bench_smoke_runs_every_section(tmp_path):
         (c, m, lay) for c in ("conv1", "conv2") for m in (2, 3) for lay in ("nchw", "channels_last")} | {
         ("conv1", m, "im2col_bmm") for m in (2, 3)}
     assert all(r["tflops"] > 0 for r in got["conv"])
-    assert set(got["routes"]) == {"eager", "graphed", "pool"}  # no compile and no MPS on the CPU: one line each
-    assert "step  compiled: skipped" in log and "pool  with MPS: not measured" in log
+    assert set(got["routes"]) == {"eager", "graphed", "unions eager", "unions eager streams", "pool"}  # no compile
+    assert "step  compiled: skipped" in log and "pool  with MPS: not measured" in log  # and no MPS on the CPU
+    assert "unions compiled: skipped" in log and "unions eager    3 x 3 clients x 2 steps: one after another" in log
     assert "ratio pool         1.00 x today's pool without MPS" in log
 
 

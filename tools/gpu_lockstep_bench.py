@@ -13,7 +13,9 @@ through LeNet-5, forward + backward + SGD update, 80.6 MFLOP an image):
    ``functional_call``), graphed (the whole step, forward + backward + update, captured once in a CUDA graph over
    static parameter, batch and gradient buffers, the lr a device tensor) and compiled (``torch.compile`` of the
    stacked loss, the route ``loop.compile: true`` takes).
-3. ``pool``: today's route, 16 processes side by side each training clients one after another, without and (when
+3. ``unions``: a ``--lockstep column`` process's 11 unions (rows of different local rules) of 30 clients each, trained
+   one after another and interleaved on CUDA streams (``fedlight lockstep --streams``), eager and compiled.
+4. ``pool``: today's route, 16 processes side by side each training clients one after another, without and (when
    the machine has it) with MPS: a daemon started in a temporary folder for this call and stopped at its end; no
    device setting is changed.
 
@@ -175,6 +177,53 @@ def step_section(dev, M, batch, reps, compile_ok, routes=("eager", "graphed", "c
     return out
 
 
+# ------------------------------------------------------------------------------------------------- 2b. unions
+def unions_section(dev, unions: int, runs: int, clients: int, batch: int, steps: int, reps: int,
+                   routes: tuple[str, ...], compile_ok: bool) -> dict[str, float]:
+    """A ``--lockstep column`` process: ``unions`` unions (rows with different local rules) of ``runs`` × ``clients``
+    stacked clients each, ``steps`` local steps, trained one union after another, and interleaved step by step with
+    each union on its own CUDA stream (:func:`fedlight.runners.interleave.interleave`, what ``fedlight lockstep
+    --streams`` runs, its generator-state switches included). Client steps/s and the ratio."""
+    from fedlight.runners.interleave import Streams, interleave
+
+    M, out = runs * clients, {}
+    pool = Streams(dev)
+    for route in routes:
+        if route == "graphed":
+            continue
+        if route == "compiled" and not compile_ok:
+            print("unions compiled: skipped (--smoke on a CPU: no inductor compile in the suite)")
+            continue
+        try:
+            us = [StackedStep(M, batch, dev, compiled=route == "compiled") for _ in range(unions)]
+            for u in us[1:]:
+                u.losses = us[0].losses  # one compiled function for every union, as one process's runners share it
+
+            def one_by_one():
+                for u in us:
+                    for _ in range(steps):
+                        u()
+
+            def paused(u):
+                for _ in range(steps):
+                    u()
+                    yield
+
+            def interleaved():
+                interleave([paused(u) for u in us], pool.take(len(us)), dev)
+
+            a, b = timed(one_by_one, dev, reps, warmup=1), timed(interleaved, dev, reps, warmup=1)
+        except Exception as e:  # noqa: BLE001 - one route failing says so and the bench goes on
+            print(f"unions {route}: failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+            continue
+        n = unions * M * steps
+        out[f"unions {route}"], out[f"unions {route} streams"] = n / a, n / b
+        print(f"unions {route:<8} {unions} x {M} clients x {steps} steps: one after another {a * 1e3:8.1f} ms "
+              f"({n / a:9.1f} client steps/s); interleaved on streams {b * 1e3:8.1f} ms ({n / b:9.1f}); "
+              f"ratio {a / b:5.2f}")
+    return out
+
+
 # --------------------------------------------------------------------------------------------------- 3. pool
 def worker(seconds: float, batch: int) -> None:
     """One process of today's pool: one LeNet-5 client step after another for ``seconds``; prints steps/s."""
@@ -264,6 +313,8 @@ def main(argv=None) -> int:
     res = {"conv": conv_section(dev, (10, 30, 110, 330) if big else (2, 3), batch, 20 if big else 1)}
     res["routes"] = step_section(dev, 330 if big else 3, batch, 10 if big else 1, compile_ok=big,
                                  routes=a.routes.split(","))
+    res["routes"].update(unions_section(dev, 11 if big else 3, 3, 10 if big else 1, batch, 5 if big else 2,
+                                        3 if big else 1, tuple(a.routes.split(",")), compile_ok=big))
     res["routes"].update(pool_section(16 if big else 2, 8.0 if big else 0.5, batch))
     base = res["routes"]["pool"]
     for route, v in res["routes"].items():

@@ -27,7 +27,8 @@
 # one line says so) within the time left. The stateless rows take the rest; what they do not finish comes back as
 # checkpoints (resume.tar.gz). With a `fedlight reproduce` that has `--lockstep` (LOCKSTEP=auto, the default on the
 # GPU; 1 forces it, 0 leaves it off, column puts a column's runs in one process), the runs of a phase train in
-# lockstep groups. MPS=1 runs them under an MPS daemon of this call (quit after them; one line if there is none).
+# lockstep groups (FEDLIGHT_LOCKSTEP_STREAMS=on|off|auto reaches their `fedlight lockstep --streams`). MPS=1 runs
+# them under an MPS daemon of this call (quit after them; one line if there is none).
 # docs/reproducing_tables.md gives the exact `run` calls. Variables: PER_GPU (auto), SEEDS (3), CELLS, RESTORE_FROM,
 # RESUME_FROM (.gpu/resume), RESUME_PARTS (4), PYTHON, FIT_ARGS (how the runs execute; default "--loop.save_every 25":
 # a checkpoint every 25 rounds, and one whenever a run is stopped, instead of one per round from 16 processes at
@@ -110,7 +111,7 @@ if [ $BENCH = 1 ]; then  # the device benchmark and the CUDA values of the exact
   el "bench exit $?: $(tail -1 "$OUT/bench.txt")"; grep '^ratio' "$OUT/bench.txt"
   timeout 150 $PY -m pytest -q -p no:cacheprovider -k cuda tests/data/test_gather.py tests/loop/test_round_end.py \
     tests/loop/test_runners.py tests/loop/test_runner_routes.py tests/loop/test_runner_graphed.py \
-    tests/loop/test_lockstep.py \
+    tests/loop/test_lockstep.py tests/loop/test_interleave.py \
     > "$OUT/cuda_tests.txt" 2>&1
   rc=$?; el "cuda tests exit $rc$([ $rc = 5 ] && echo ': none ran (no CUDA here)'): $(tail -1 "$OUT/cuda_tests.txt")"
 fi

@@ -4,10 +4,13 @@
 ``fedlight lockstep FIT_FLAGS :: FIT_FLAGS ...`` runs each flag set (as ``fedlight fit`` takes it);
 ``fedlight lockstep FIT_FLAGS --seeds 0,1,2`` runs those seeds of one recipe (with ``--out_dir D``, in ``D/seed<k>``).
 ``fedlight reproduce --lockstep`` starts it for the seeds of a row and the rows with the same local rule.
+``--streams auto|on|off`` (default: ``$FEDLIGHT_LOCKSTEP_STREAMS``, else auto): the unions that cannot share a chunk
+trained interleaved on their own CUDA streams (on), one after another (off), or interleaved on CUDA only (auto).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,8 @@ from typing import Any
 from fedlight.errors import ConfigError, check
 
 SEPARATOR = "::"
+STREAMS_ENV = "FEDLIGHT_LOCKSTEP_STREAMS"
+"""The default of ``--streams`` (so ``fedlight reproduce``'s groups take it from the environment)."""
 
 
 def member_argvs(argv: list[str]) -> list[list[str]]:
@@ -66,20 +71,20 @@ def _with_seed(argv: list[str], seed: int) -> list[str]:
     return [*rest, "--seed", str(seed), *(["--out_dir", str(Path(out_dir) / f"seed{seed}")] if out_dir else [])]
 
 
-def fit_group(argvs: list[list[str]], say=None) -> dict[str, Any]:
+def fit_group(argvs: list[list[str]], say=None, streams: str = "auto") -> dict[str, Any]:
     """Parse every member's ``fedlight fit`` flags (a bad one refuses the group before anything runs), then
     :func:`lockstep_fit`."""
     from fedlight.config.cli import _parse, cpu_threads
 
     members = [_parse("fedlight lockstep", argv) for argv in argvs]
     cpu_threads(members[0][0].get("accelerator", "auto"))
-    return lockstep_fit([{**kwargs, "_config_text": text} for kwargs, text in members], say)
+    return lockstep_fit([{**kwargs, "_config_text": text} for kwargs, text in members], say, streams)
 
 
-def lockstep_fit(runs: list[dict[str, Any]], say=None) -> dict[str, Any]:
+def lockstep_fit(runs: list[dict[str, Any]], say=None, streams: str = "auto") -> dict[str, Any]:
     """Run ``runs`` (each the keyword arguments of :func:`fedlight.fit`, e.g. ``dict(model=..., data=..., seed=1,
     out_dir=...)``; each its own model and data objects) in lockstep on one Fabric: run directory → summary, or the
-    exception the run ended with."""
+    exception the run ended with. ``streams``: :data:`fedlight.engine.lockstep.STREAMS`."""
     from fedlight.config import api, launch, plan
     from fedlight.engine.lockstep import Lockstep
     from fedlight.run import stops
@@ -98,7 +103,7 @@ def lockstep_fit(runs: list[dict[str, Any]], say=None) -> dict[str, Any]:
         check(name not in steps, f"`fedlight lockstep`: two runs write {name}; give each its own `--out_dir`")
         steps[name] = api.fit_steps({**kwargs, "precision": precision, "accelerator": accelerator}, fabric=fabric)
     with stops.stop_signals():  # the group's handlers outlive its members' (restored last)
-        return Lockstep(steps, say).run()
+        return Lockstep(steps, say, streams).run()
 
 
 def cmd_lockstep(argv: list[str]) -> int:
@@ -108,7 +113,8 @@ def cmd_lockstep(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
-    results = fit_group(member_argvs(argv))
+    streams, argv = _take_flag(argv, "--streams")
+    results = fit_group(member_argvs(argv), streams=streams or os.environ.get(STREAMS_ENV) or "auto")
     status = 0
     for name, res in results.items():
         if isinstance(res, Stopped):

@@ -10,6 +10,11 @@ ends its round (aggregate, server update, record, checkpoint) with its own outco
 that evaluate in a round yield an :class:`~fedlight.engine.work.Evaluation`; those with the same test set are
 evaluated in one pass (:mod:`fedlight.engine.lockstep_eval`).
 
+Unions that cannot share a chunk (runs of different local rules in one ``--lockstep column`` process) train
+interleaved: step k of each union in turn, each union on its own CUDA stream, so the host issues one union's kernels
+while the device runs another's and small unions fill the device together (``streams``, :data:`STREAMS`); every
+union's arithmetic is what it would be alone (:mod:`fedlight.runners.interleave`).
+
 A member that diverges, fails or is stopped leaves the group (its generator ends, its record closes as the run's
 would alone); the others go on.
 """
@@ -25,6 +30,14 @@ from typing import Any
 
 from fedlight.engine.lockstep_eval import evaluate_together
 from fedlight.engine.work import Evaluation, Work
+from fedlight.errors import check
+from fedlight.runners.base import run_to_end
+from fedlight.runners.interleave import Streams, interleave, set_rng
+
+STREAMS = ("auto", "on", "off")
+"""``fedlight lockstep --streams``: the unions of a round (runs that cannot share a chunk, e.g. different local rules)
+trained interleaved, each on its own CUDA stream (on), one after another (off), or interleaved on CUDA only (auto,
+the default: on a CPU nothing overlaps)."""
 
 
 @dataclass(eq=False)
@@ -40,11 +53,15 @@ class Lockstep:
     """Advances ``steps`` (name → a run's generator of work) together; :meth:`run` returns name → summary or the
     exception the run ended with."""
 
-    def __init__(self, steps: dict[str, Generator], say=None) -> None:
+    def __init__(self, steps: dict[str, Generator], say=None, streams: str = "auto") -> None:
+        check(streams in STREAMS, f"`fedlight lockstep --streams` is one of {', '.join(STREAMS)}, got {streams!r}")
         self.members = [Member(name, gen) for name, gen in steps.items()]
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.streams, self._streams = streams, None
         self.shared: list[int] = []
         """Per round, the size of each union trained (members sharing a chunk)."""
+        self.interleaved: list[int] = []
+        """Per round that interleaved its unions, how many."""
 
     def run(self) -> dict[str, Any]:
         try:
@@ -57,17 +74,25 @@ class Lockstep:
                                                                             self.say)):
                         self._advance(m, metrics, error)
                     continue
-                for part in _parts(live):
-                    self.shared.append(len(part))
-                    for m, outs in zip(part, self._train(part)):
-                        self._advance(m, outs)
+                parts = _parts(live)
+                self.shared.extend(len(p) for p in parts)
+                paused = [p for p in parts if pausable(p[0].pending)] if self._interleaves(parts) else []
+                if paused:
+                    self._train_interleaved(paused)
+                for part in parts:
+                    if part not in paused:
+                        for m, outs in zip(part, self._train(part)):
+                            self._advance(m, outs)
         finally:
             for m in self.members:  # an abort of the group (KeyboardInterrupt): each run closes its record
                 if m.pending is not None:
                     m.steps.close()
         together = sum(n for n in self.shared if n > 1)
+        inter = f"; {len(self.interleaved)} rounds trained up to {max(self.interleaved)} unions interleaved" + (
+            " on CUDA streams" if self._streams is not None and self._streams.device.type == "cuda" else "") \
+            if self.interleaved else ""
         self.say(f"fedlight lockstep: {len(self.members)} runs; {together} of {sum(self.shared)} run-rounds trained "
-                 f"their clients in one stacked runner with other runs'")
+                 f"their clients in one stacked runner with other runs'{inter}")
         return {m.name: m.result for m in self.members}
 
     def _train(self, part: list[Member]) -> list[Any]:
@@ -76,9 +101,40 @@ class Lockstep:
         try:
             return train_together([m.pending for m in part])
         except Exception as e:  # noqa: BLE001 - see the docstring
-            self.say(f"fedlight lockstep: training {len(part)} runs' clients together failed ({type(e).__name__}: "
-                     f"{e}); each run trains its own this round")
-            return [m.pending.run() for m in part]
+            return self._each_alone(part, e)
+
+    def _each_alone(self, part: list[Member], e: Exception) -> list[Any]:
+        self.say(f"fedlight lockstep: training {len(part)} runs' clients together failed ({type(e).__name__}: "
+                 f"{e}); each run trains its own this round")
+        return [m.pending.run() for m in part]
+
+    def _interleaves(self, parts: list[list[Member]]) -> bool:
+        """Whether this round's unions train interleaved (``streams``: on; auto: on CUDA; off)."""
+        if self.streams == "off" or sum(pausable(p[0].pending) for p in parts) < 2:
+            return False
+        return self.streams == "on" or next(p[0].pending.runner.setup.device.type for p in parts
+                                            if pausable(p[0].pending)) == "cuda"
+
+    def _train_interleaved(self, parts: list[list[Member]]) -> None:
+        """The unions of ``parts`` trained at once, their stacked steps in turn, each on its own CUDA stream
+        (:func:`~fedlight.runners.interleave.interleave`: bitwise each union trained alone); then each union's
+        members end their rounds, from the torch generator state their union left (as if it had trained last)."""
+        dev = parts[0][0].pending.runner.setup.device
+        if self._streams is None or self._streams.device != dev:
+            self._streams = Streams(dev)
+        ends = interleave([together_steps([m.pending for m in p]) for p in parts], self._streams.take(len(parts)),
+                          dev)
+        self.interleaved.append(len(parts))
+        for part, end in zip(parts, ends):
+            set_rng(end.rng, dev)
+            if end.error is None:
+                outs = end.value
+            elif len(part) == 1:  # the run's own failure, raised in the run as it would be alone
+                outs = [_raising(end.error)]
+            else:
+                outs = self._each_alone(part, end.error)
+            for m, o in zip(part, outs):
+                self._advance(m, o)
 
     def _advance(self, m: Member, value: Any, error: Exception | None = None) -> None:
         """Hand ``m`` what it waits for (or raise ``error`` in it, where it waits) and take what it asks next."""
@@ -89,6 +145,18 @@ class Lockstep:
         except Exception as e:  # noqa: BLE001 - the member leaves the group; the others go on
             m.pending, m.result = None, e
             self.say(f"fedlight lockstep: {m.name} left the group: {type(e).__name__}: {e}")
+
+
+def pausable(work: Work) -> bool:
+    """Whether ``work`` trains in a stacked runner whose steps can pause (:meth:`StackedRunner.train_steps
+    <fedlight.runners.stacked.StackedRunner.train_steps>`), so that a group can interleave it with other unions;
+    not with ``torch.compile``'s own CUDA graphs (``reduce-overhead``), whose replays assume one stream."""
+    return shares_chunk(work) is not None and work.runner.forward.compile != "reduce-overhead"
+
+
+def _raising(error: Exception):
+    raise error
+    yield  # a generator: the error is raised where the run reads its outcomes
 
 
 def _parts(live: list[Member]) -> list[list[Member]]:
@@ -108,13 +176,20 @@ def train_together(works: list[Work]) -> list[Any]:
     14 % more CPU time than 3 × 10, results/performance.md §12), so runs gain nothing from sharing a chunk."""
     if len(works) == 1:
         return [works[0].run()]
+    return run_to_end(together_steps(works))
+
+
+def together_steps(works: list[Work]) -> Generator[None, None, list[Any]]:
+    """:func:`train_together`, eagerly (one work too), paused after each stacked step (:func:`pausable` works)."""
     lead, runner = works[0], works[0].runner
+    if len(works) == 1:
+        return [iter((yield from runner.train_steps(lead.jobs, lead.info, lead.buffers)))]
     jobs = [dataclasses.replace(j, buffers=w.buffers) for w in works for j in w.jobs]
     chunk = runner.chunk
     if chunk is None and runner.setup.device.type == "cpu":  # see CPU_CHUNK
         runner.chunk = max(len(w.jobs) for w in works)
     try:
-        outs = list(runner.train(jobs, lead.info, lead.buffers))
+        outs = yield from runner.train_steps(jobs, lead.info, lead.buffers)
     finally:
         runner.chunk = chunk
     cuts = [0]

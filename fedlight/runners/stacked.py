@@ -105,6 +105,12 @@ class StackedRunner:
             " with CUDA graphs" if f.compile == "reduce-overhead" else "")
 
     def train(self, jobs: list[ClientJob], info: RoundInfo, buffers: Params) -> Iterator[ClientOutcome]:
+        yield from run_to_end(self.train_steps(jobs, info, buffers))
+
+    def train_steps(self, jobs: list[ClientJob], info: RoundInfo,
+                    buffers: Params) -> Generator[None, None, list[ClientOutcome]]:
+        """:meth:`train` paused after each stacked step; the outcomes in job order (a lockstep group advances
+        several unions' trainings in turn, :mod:`fedlight.runners.interleave`)."""
         if self.chunk == "auto":
             self.chunk = self._auto_chunk(jobs)
         done: dict[int, ClientOutcome] = {}  # by position: a lockstep group's runs share client ids
@@ -113,23 +119,26 @@ class StackedRunner:
             pos = 0
             while pos < len(group):
                 part = group[pos : pos + (self.chunk or len(group))]
-                outs = self._guarded([jobs[i] for i in part], info, buffers)
+                outs = yield from self._guarded([jobs[i] for i in part], info, buffers)
                 if outs is None:  # out of memory: self.chunk is smaller now, redo from the same client
                     continue
                 done.update(zip(part, outs))
                 pos += len(part)
-        for i in range(len(jobs)):  # job order, so float64 sums match the sequential runner's
-            yield done.pop(i)
+        return [done.pop(i) for i in range(len(jobs))]  # job order, so float64 sums match the sequential runner's
 
-    def _guarded(self, jobs: list[ClientJob], info: RoundInfo, buffers: Params) -> list[ClientOutcome] | None:
-        """``train_chunk``, with the fallbacks of the class docstring; ``None`` when the chunk must be redone."""
+    def _guarded(self, jobs: list[ClientJob], info: RoundInfo,
+                 buffers: Params) -> Generator[None, None, list[ClientOutcome] | None]:
+        """One chunk's training (:meth:`chunk_steps`), with the fallbacks of the class docstring; ``None`` when the
+        chunk must be redone."""
         if self.sequential is not None:  # its outcomes hold the live buffers: copies, as the chunk is kept whole
             return [replace(o, buffers=P.clone(o.buffers)) for o in self.sequential.train(jobs, info, buffers)]
         shape = (len(jobs), jobs[0].batch_sizes, _keys(jobs[0].state))
         first = shape not in self._ran
         try:
-            outs = self._first_compiled(jobs, info, buffers) if first and self.forward.compiled else \
-                self.train_chunk(jobs, info, buffers)
+            if first and self.forward.compiled:
+                outs = yield from self._first_compiled(jobs, info, buffers)
+            else:
+                outs = yield from self.chunk_steps(jobs, info, buffers)
         except Exception as e:  # noqa: BLE001 - any failure of a first compiled run falls back (see the docstring)
             if is_oom(e):
                 self._split(jobs, e)
@@ -137,16 +146,16 @@ class StackedRunner:
             if isinstance(e, ConfigError) or not (first and (self.forward.compiled or self._compile_failed)):
                 raise
             self._fall_back(e)
-            return self._guarded(jobs, info, buffers)
+            return (yield from self._guarded(jobs, info, buffers))
         self._ran.add(shape)
         return outs
 
-    def _first_compiled(self, jobs, info, buffers) -> list[ClientOutcome]:
+    def _first_compiled(self, jobs, info, buffers) -> Generator[None, None, list[ClientOutcome]]:
         if not self._ran:
             say(self.setup, "fedlight: compiling the stacked step (first round only; tens of seconds for a "
                             "ResNet)...")
         t = time.perf_counter()
-        outs = self.train_chunk(jobs, info, buffers)
+        outs = yield from self.chunk_steps(jobs, info, buffers)
         say(self.setup, f"fedlight: compiled the stacked step for {len(jobs)} clients in "
                         f"{time.perf_counter() - t:.1f} s (its first run included)")
         return outs
@@ -196,7 +205,12 @@ class StackedRunner:
 
     def train_chunk(self, jobs: list[ClientJob], info: RoundInfo, buffers: Params) -> list[ClientOutcome]:
         """Train ``jobs`` together from their broadcasts."""
-        return run_to_end(self.stepwise(jobs, info, buffers))
+        return run_to_end(self.chunk_steps(jobs, info, buffers))
+
+    def chunk_steps(self, jobs: list[ClientJob], info: RoundInfo,
+                    buffers: Params) -> Generator[None, None, list[ClientOutcome]]:
+        """How this runner trains one chunk, paused after each step: :meth:`stepwise` (a subclass may split it)."""
+        return self.stepwise(jobs, info, buffers)
 
     def stepwise(self, jobs: list[ClientJob], info: RoundInfo,
                  buffers: Params) -> Generator[None, None, list[ClientOutcome]]:

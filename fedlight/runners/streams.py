@@ -17,17 +17,15 @@ draws), so each client's arithmetic is the sequential runner's, operation for op
 with ``momentum=None`` (a cumulative average, which reads the step counter ``num_batches_tracked``): sequential
 clients continue one counter through the round, while every copy here starts the chunk from the run's counter.
 
-Ordering on the device: every slot stream first waits for the work queued before the chunk (the broadcast, the
-buffers), and the caller's stream waits for every slot before the outcomes are handed on.
+The round-robin, the streams, the generator states and the ordering on the device are
+:func:`fedlight.runners.interleave.interleave`'s.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Generator, Iterator
-from contextlib import nullcontext
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
 
 import torch
 
@@ -36,6 +34,7 @@ from fedlight.core.rules import RoundInfo
 from fedlight.errors import ConfigError
 from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, compile_kwargs
 from fedlight.runners.guard import out_of_memory
+from fedlight.runners.interleave import Streams, interleave, values
 from fedlight.runners.sequential import SequentialRunner
 
 
@@ -68,7 +67,7 @@ class StreamsRunner:
     def __init__(self, setup: TrainSetup, chunk: int | None = None, compile: bool | str = False) -> None:
         self.setup, self.chunk, self.compile = setup, chunk, compile
         self.slots: list[SequentialRunner] = []
-        self.streams: list[Any] = []
+        self.streams = Streams(setup.device)
         self.cuda = setup.device.type == "cuda"
 
     @property
@@ -85,7 +84,6 @@ class StreamsRunner:
             if self.compile:
                 model.compile(**compile_kwargs(self.compile))
             self.slots.append(SequentialRunner(replace(self.setup, model=model)))
-            self.streams.append(torch.cuda.Stream(self.setup.device) if self.cuda else None)
         return self.slots[:n]
 
     def train(self, jobs: list[ClientJob], info: RoundInfo, buffers: Params) -> Iterator[ClientOutcome]:
@@ -102,51 +100,13 @@ class StreamsRunner:
         """The chunk's clients, one step each in turn, until every one has finished."""
         dev = self.setup.device
         slots = self._slots(len(jobs))
-        streams = self.streams[: len(jobs)]
         counters = _counters(self.setup.model)
         for slot in slots[1:]:  # the copies count BatchNorm steps from the run's model (see the module docstring)
             for mine, run in zip(_counters(slot.setup.model), counters, strict=True):
                 mine.copy_(run)
-        caller = torch.cuda.current_stream(dev) if self.cuda else None
-        for st in streams:
-            if st is not None:
-                st.wait_stream(caller)
-        runs: list[Generator[None, None, ClientOutcome]] = [
-            slot.stepwise(job, info, buffers) for slot, job in zip(slots, jobs, strict=True)]
-        rng: list[tuple | None] = [None] * len(jobs)
-        done: list[ClientOutcome | None] = [None] * len(jobs)
-        while any(d is None for d in done):
-            for i, run in enumerate(runs):
-                if done[i] is None:
-                    rng[i], done[i] = _advance(run, rng[i], streams[i], dev)
-        if caller is not None:
-            for st in streams:
-                caller.wait_stream(st)
-        return done
+        return values(interleave([slot.stepwise(job, info, buffers) for slot, job in zip(slots, jobs, strict=True)],
+                                 self.streams.take(len(jobs)), dev))
 
 
 def _counters(model: torch.nn.Module) -> list[torch.Tensor]:
     return [b for n, b in model.named_buffers() if n.endswith("num_batches_tracked")]
-
-
-def _advance(run: Generator, state: tuple | None, stream: Any, dev: torch.device) -> tuple[tuple, Any]:
-    """One step of one client on its stream with its generator state; its outcome once it has finished."""
-    if state is not None:  # None: the client's first step, which seeds its generator itself
-        _set_rng(state, dev)
-    with torch.cuda.stream(stream) if stream is not None else nullcontext():
-        try:
-            next(run)
-            result = None
-        except StopIteration as finished:
-            result = finished.value
-    return _get_rng(dev), result
-
-
-def _get_rng(dev: torch.device) -> tuple:
-    return torch.get_rng_state(), torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None
-
-
-def _set_rng(state: tuple, dev: torch.device) -> None:
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1], dev)

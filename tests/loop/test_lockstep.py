@@ -195,8 +195,8 @@ def test_union_chunks_on_cpu(chunk, tmp_path, monkeypatch):
     """On CPU a union's chunks hold one run's round unless ``loop.vmap_chunk`` says more (then runs share one)."""
     from fedlight.runners.stacked import StackedRunner
 
-    sizes, real = [], StackedRunner.train_chunk
-    monkeypatch.setattr(StackedRunner, "train_chunk", lambda self, jobs, *a: sizes.append(len(jobs)) or real(
+    sizes, real = [], StackedRunner.chunk_steps
+    monkeypatch.setattr(StackedRunner, "chunk_steps", lambda self, jobs, *a: sizes.append(len(jobs)) or real(
         self, jobs, *a))
     lockstep_fit([_run(tmp_path, f"g{s}", "fedavg", s, "vmap", vmap_chunk=chunk) for s in range(3)])
     assert sizes == [3] * 9 if chunk is None else [9] * 3
@@ -217,6 +217,53 @@ def test_a_shared_pass_or_union_that_fails_is_done_run_by_run(tmp_path, monkeypa
     assert any("each run evaluates alone" in x for x in said) and any("each run trains its own" in x for x in said)
     fedlight.fit(**_run(tmp_path, "a1", "fedavg", 1, "sequential"))
     assert_same_run(tmp_path / "g1", tmp_path / "a1", 1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unions_interleaved_on_streams_equal_them_one_after_another(device, tmp_path):
+    """``--streams on``: a column group's three unions (FedAvg + FedAvgM, FedNSAM, SCAFFOLD with its client states)
+    trained interleaved, each on its own CUDA stream on a GPU: every run bitwise the same group with ``--streams off``.
+    The model has dropout, so each union also draws its masks from its own torch generator state."""
+    rows = ["fedavg", "fednsam", "scaffold", "fedavgm"]
+    said = {}
+    for mode in ("on", "off"):
+        runs = [_run(tmp_path / mode, f"g{s}", row, s, "vmap", accelerator=device) for s, row in enumerate(rows)]
+        for r in runs:
+            r["model"] = torch.nn.Sequential(r["model"], torch.nn.Dropout(0.3))
+        said[mode] = []
+        res = lockstep_fit(runs, say=said[mode].append, streams=mode)
+        assert all(isinstance(v, dict) and v["rounds_completed"] == 3 for v in res.values()), res
+    assert "3 rounds trained up to 3 unions interleaved" in said["on"][-1], said["on"]
+    assert "interleaved" not in said["off"][-1]
+    for s in range(len(rows)):
+        assert_same_run(tmp_path / "on" / f"g{s}", tmp_path / "off" / f"g{s}", 0.0)
+
+
+def test_an_interleaved_union_that_fails_is_done_run_by_run_and_a_runs_own_failure_stays_its_own(tmp_path,
+                                                                                                 monkeypatch):
+    """Interleaved, a union of several runs that fails (planted) is redone by each run alone, to its numbers; a
+    union of one run that fails ends that run only (the others go on)."""
+    from fedlight.engine import lockstep
+
+    real = lockstep.together_steps
+
+    def planted(works):
+        local = works[0].runner.setup.local
+        if len(works) > 1 or not any(type(c).__name__ == "ScaffoldCorrection" for c in local.corrections):
+            raise RuntimeError(f"planted for {len(works)}")
+        return (yield from real(works))
+
+    monkeypatch.setattr(lockstep, "together_steps", planted)
+    rows = ["fedavg", "fedavgm", "fednsam", "scaffold"]
+    said = []
+    res = lockstep_fit([_run(tmp_path, f"g{s}", row, s, "vmap") for s, row in enumerate(rows)], say=said.append,
+                       streams="on")
+    assert isinstance(res[str(tmp_path / "g2")], Exception) and "planted for 1" in str(res[str(tmp_path / "g2")])
+    assert any("training 2 runs' clients together failed (RuntimeError: planted for 2)" in x for x in said), said
+    for s in (0, 1, 3):
+        assert res[str(tmp_path / f"g{s}")]["rounds_completed"] == 3
+        fedlight.fit(**_run(tmp_path, f"a{s}", rows[s], s, "sequential"))
+        assert_same_run(tmp_path / f"g{s}", tmp_path / f"a{s}", 1e-12)
 
 
 def test_a_diverging_or_failing_member_leaves_without_stopping_the_others(tmp_path):
@@ -251,6 +298,23 @@ def test_member_flags():
         ["--config", "a.yaml", "--seed", "0", "--out_dir", "D/seed0"],
         ["--config", "a.yaml", "--seed", "2", "--out_dir", "D/seed2"]]
     assert member_argvs(["--seed", "1", "::", "--seed", "3"]) == [["--seed", "1"], ["--seed", "3"]]
+
+
+def test_the_streams_flag_and_its_environment_default(monkeypatch):
+    from fedlight.config import group
+    from fedlight.engine.lockstep import Lockstep
+    from fedlight.errors import ConfigError
+
+    got = []
+    monkeypatch.setattr(group, "fit_group", lambda argvs, streams: got.append((argvs, streams)) or {})
+    monkeypatch.delenv(group.STREAMS_ENV, raising=False)
+    group.cmd_lockstep(["--seed", "1", "::", "--streams", "off", "--seed", "2"])
+    monkeypatch.setenv(group.STREAMS_ENV, "on")
+    group.cmd_lockstep(["--seed", "1"])
+    group.cmd_lockstep(["--seed", "1", "--streams=auto"])
+    assert got == [([["--seed", "1"], ["--seed", "2"]], "off"), ([["--seed", "1"]], "on"), ([["--seed", "1"]], "auto")]
+    with pytest.raises(ConfigError, match="--streams` is one of auto, on, off, got 'sometimes'"):
+        Lockstep({}, streams="sometimes")
 
 
 def _here(*argv) -> None:

@@ -13,14 +13,12 @@ a GPU measures them. Each equals the sequential runner on a CPU (``tests/loop/te
 
 from __future__ import annotations
 
-import contextvars
-from contextlib import nullcontext
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fedlight.runners.forward import StackedForward
+from fedlight.runners.interleave import Streams, interleave, values
 from fedlight.runners.nhwc import _backward, _lead, _save, _swappable, channels_last_convs
 from fedlight.runners.stacked import StackedRunner
 
@@ -89,33 +87,20 @@ class HalvesRunner(StackedRunner):
     def description(self) -> str:
         return super().description + ", two halves on two streams"
 
-    def train_chunk(self, jobs, info, buffers):
+    def chunk_steps(self, jobs, info, buffers):
         if len(jobs) < 2:
-            return super().train_chunk(jobs, info, buffers)
+            return (yield from super().chunk_steps(jobs, info, buffers))
+        return self._halves(jobs, info, buffers)  # not paused: the halves are interleaved with each other
+
+    def _halves(self, jobs, info, buffers):
         dev = self.setup.device
-        cuda = dev.type == "cuda"
         half = -(-len(jobs) // 2)
         parts = [jobs[:half], jobs[half:]]
-        streams = [torch.cuda.Stream(dev) if cuda else None for _ in parts]
-        caller = torch.cuda.current_stream(dev) if cuda else None
-        for st in streams:
-            if st is not None:
-                st.wait_stream(caller)
-        done: list = [None, None]
-        runs = [self.stepwise(p, info, buffers) for p in parts]
-        scopes = [contextvars.copy_context() for _ in parts]  # each half's stacked() block is its own
-        while any(d is None for d in done):
-            for i, run in enumerate(runs):
-                if done[i] is None:
-                    with torch.cuda.stream(streams[i]) if cuda else nullcontext():
-                        try:
-                            scopes[i].run(next, run)
-                        except StopIteration as finished:
-                            done[i] = finished.value
-        for st in streams:
-            if st is not None:
-                caller.wait_stream(st)
-        return done[0] + done[1]
+        if not hasattr(self, "_streams"):
+            self._streams = Streams(dev)
+        first, second = values(interleave([self.stepwise(p, info, buffers) for p in parts], self._streams.take(2),
+                                          dev))
+        return first + second
 
 
 def swap(loop, candidate: str, bmm_from: int | None = None):
