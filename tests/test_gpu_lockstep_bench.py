@@ -13,20 +13,38 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_bench_smoke_runs_every_section(tmp_path):
+def _bench(tmp_path, *args):
     out = tmp_path / "bench.json"
-    res = subprocess.run([sys.executable, "tools/gpu_lockstep_bench.py", "--smoke", "--json", str(out)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run([sys.executable, "tools/gpu_lockstep_bench.py", "--smoke", "--json", str(out), *args],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return res, out
+
+
+def test_bench_smoke_runs_every_section(tmp_path):
+    res, out = _bench(tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     log, got = res.stdout, json.loads(out.read_text())
     assert {(r["layer"], r["models"], r["layout"]) for r in got["conv"]} == {
         (c, m, lay) for c in ("conv1", "conv2") for m in (2, 3) for lay in ("nchw", "channels_last")} | {
         ("conv1", m, "im2col_bmm") for m in (2, 3)}
     assert all(r["tflops"] > 0 for r in got["conv"])
-    assert set(got["routes"]) == {"eager", "graphed", "unions eager", "unions eager streams", "pool"}  # no compile
-    assert "step  compiled: skipped" in log and "pool  with MPS: not measured" in log  # and no MPS on the CPU
+    assert set(got["routes"]) == {"eager", "eager+mm", "unions eager", "unions eager streams", "pool"}  # no compile
+    assert "step  compiled: skipped" in log and "step  compiled+mm: skipped" in log  # and no MPS on the CPU
+    assert "pool  with MPS: not measured" in log
     assert "unions compiled: skipped" in log and "unions eager    3 x 3 clients x 2 steps: one after another" in log
     assert "ratio pool         1.00 x today's pool without MPS" in log
+
+
+def test_bench_sections_and_routes_as_asked(tmp_path):
+    """``--sections step --routes graphed+mm``: that one line, its ratio to itself, nothing else; a wrong section is
+    refused."""
+    res, out = _bench(tmp_path, "--sections", "step", "--routes", "graphed+mm")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert list(got) == ["routes"] and list(got["routes"]) == ["graphed+mm"]
+    assert "ratio graphed+mm    1.00 x graphed+mm" in res.stdout and "pool" not in res.stdout
+    res, _ = _bench(tmp_path, "--sections", "step,pools")
+    assert res.returncode == 2 and "unknown --sections ['pools']" in res.stdout
 
 
 def test_im2col_conv1_is_the_grouped_convolution():

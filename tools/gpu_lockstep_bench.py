@@ -12,9 +12,12 @@ through LeNet-5, forward + backward + SGD update, 80.6 MFLOP an image):
 2. ``step``: one stacked step of 330 clients (the column's 33 runs × 10 clients) eager (``vmap`` of
    ``functional_call``), graphed (the whole step, forward + backward + update, captured once in a CUDA graph over
    static parameter, batch and gradient buffers, the lr a device tensor) and compiled (``torch.compile`` of the
-   stacked loss, the route ``loop.compile: true`` takes).
+   stacked loss, the route ``loop.compile: true`` takes); each also with conv1 as one batched matmul (``+mm``,
+   ``loop.matmul_convs: 3``, fedlight's own :func:`~fedlight.runners.matmul_conv.conv_as_matmul`). Default routes:
+   eager, eager+mm, compiled, compiled+mm (graphed gained 6 % over eager in the first window).
 3. ``unions``: a ``--lockstep column`` process's 11 unions (rows of different local rules) of 30 clients each, trained
-   one after another and interleaved on CUDA streams (``fedlight lockstep --streams``), eager and compiled.
+   one after another and interleaved on CUDA streams (``fedlight lockstep --streams``), eager and compiled; with
+   ``graphs`` (compiled with CUDA graphs, auto's route, which fedlight never interleaves) one after another only.
 4. ``pool``: today's route, 16 processes side by side each training clients one after another, without and (when
    the machine has it) with MPS: a daemon started in a temporary folder for this call and stopped at its end; no
    device setting is changed.
@@ -23,7 +26,7 @@ The last lines are the ratios of every route's client steps per second to the po
 of it on the CPU at a tiny size (tests/test_gpu_lockstep_bench.py): there the "graph" is the step called directly
 on its static buffers, the compiled route and MPS are skipped with one line each.
 
-    python tools/gpu_lockstep_bench.py [--smoke] [--json OUT.json]
+    python tools/gpu_lockstep_bench.py [--smoke] [--sections conv,step,unions,pool] [--routes ...] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -44,6 +47,13 @@ from torch.func import functional_call, vmap
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedlight.models import LeNet5  # noqa: E402
+from fedlight.runners import matmul_conv  # noqa: E402
+
+SECTIONS = ("conv", "step", "unions", "pool")
+
+COMPILED = {"compiled": True, "graphs": "reduce-overhead"}
+"""The compiled routes: ``torch.compile`` of the stacked loss without CUDA graphs (``loop.compile: true``) and with
+them (``reduce-overhead``, the route ``auto`` takes on CUDA)."""
 
 MFLOP_PER_IMAGE = 80.6
 """LeNet-5 (the seed papers' 64-channel one) on a 32×32 image, forward + backward (issue 57)."""
@@ -118,9 +128,13 @@ class StackedStep:
     """One SGD step of ``M`` stacked LeNet-5 clients on static buffers: ``params`` (leading client dimension),
     ``x``/``y`` (the batch, copied in), ``lr`` (a 0-dim device tensor, so a graph replays any lr)."""
 
-    def __init__(self, M: int, batch: int, dev: torch.device, compiled: bool = False) -> None:
+    def __init__(self, M: int, batch: int, dev: torch.device, compiled: bool | str = False,
+                 matmul: bool = False) -> None:
         torch.manual_seed(0)
         self.model, self.dev = LeNet5().to(dev), dev
+        if matmul:  # loop.matmul_convs 3: conv1 as unfold + one batched matmul, fedlight's own function
+            for m in [self.model.get_submodule(n) for n in matmul_conv.select(self.model, 3)]:
+                m._conv_forward = matmul_conv.conv_as_matmul(m)
         self.params = {k: v.detach().unsqueeze(0).repeat(M, *[1] * v.dim()).requires_grad_(True)
                        for k, v in self.model.named_parameters()}
         self.x = torch.randn(M, batch, 3, 32, 32, device=dev)
@@ -128,7 +142,8 @@ class StackedStep:
         self.lr = torch.tensor(0.01, device=dev)
         self.loss = torch.zeros(M, device=dev)
         losses = vmap(self._one)
-        self.losses = torch.compile(losses, dynamic=False) if compiled else losses
+        mode = {"mode": compiled} if isinstance(compiled, str) else {}  # "reduce-overhead": auto's CUDA route
+        self.losses = torch.compile(losses, dynamic=False, **mode) if compiled else losses
 
     def _one(self, p, x, y):
         with torch.autocast(self.dev.type, dtype=torch.bfloat16, cache_enabled=False):  # capturable
@@ -162,12 +177,13 @@ def graphed(step: StackedStep):
 def step_section(dev, M, batch, reps, compile_ok, routes=("eager", "graphed", "compiled")) -> dict[str, float]:
     out = {}
     for route in routes:
-        if route == "compiled" and not compile_ok:
-            print("step  compiled: skipped (--smoke on a CPU: no inductor compile in the suite)")
+        base = route.removesuffix("+mm")
+        if base in COMPILED and not compile_ok:
+            print(f"step  {route}: skipped (--smoke on a CPU: no inductor compile in the suite)")
             continue
         try:
-            step = StackedStep(M, batch, dev, compiled=route == "compiled")
-            s = timed(graphed(step) if route == "graphed" else step, dev, reps)
+            step = StackedStep(M, batch, dev, compiled=COMPILED.get(base, False), matmul=route.endswith("+mm"))
+            s = timed(graphed(step) if base == "graphed" else step, dev, reps)
         except Exception as e:  # noqa: BLE001 - one route failing says so and the bench goes on
             print(f"step  {route}: failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
             continue
@@ -189,13 +205,13 @@ def unions_section(dev, unions: int, runs: int, clients: int, batch: int, steps:
     M, out = runs * clients, {}
     pool = Streams(dev)
     for route in routes:
-        if route == "graphed":
+        if route not in ("eager", *COMPILED):
             continue
-        if route == "compiled" and not compile_ok:
-            print("unions compiled: skipped (--smoke on a CPU: no inductor compile in the suite)")
+        if route in COMPILED and not compile_ok:
+            print(f"unions {route}: skipped (--smoke on a CPU: no inductor compile in the suite)")
             continue
         try:
-            us = [StackedStep(M, batch, dev, compiled=route == "compiled") for _ in range(unions)]
+            us = [StackedStep(M, batch, dev, compiled=COMPILED.get(route, False)) for _ in range(unions)]
             for u in us[1:]:
                 u.losses = us[0].losses  # one compiled function for every union, as one process's runners share it
 
@@ -212,15 +228,20 @@ def unions_section(dev, unions: int, runs: int, clients: int, batch: int, steps:
             def interleaved():
                 interleave([paused(u) for u in us], pool.take(len(us)), dev)
 
-            a, b = timed(one_by_one, dev, reps, warmup=1), timed(interleaved, dev, reps, warmup=1)
+            a = timed(one_by_one, dev, reps, warmup=1)
+            # torch.compile's CUDA graphs share one memory pool in stream order: never interleaved (fedlight does not)
+            b = timed(interleaved, dev, reps, warmup=1) if route != "graphs" else None
         except Exception as e:  # noqa: BLE001 - one route failing says so and the bench goes on
             print(f"unions {route}: failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
             continue
         n = unions * M * steps
-        out[f"unions {route}"], out[f"unions {route} streams"] = n / a, n / b
-        print(f"unions {route:<8} {unions} x {M} clients x {steps} steps: one after another {a * 1e3:8.1f} ms "
-              f"({n / a:9.1f} client steps/s); interleaved on streams {b * 1e3:8.1f} ms ({n / b:9.1f}); "
-              f"ratio {a / b:5.2f}")
+        out[f"unions {route}"] = n / a
+        line = f"unions {route:<8} {unions} x {M} clients x {steps} steps: one after another {a * 1e3:8.1f} ms " \
+               f"({n / a:9.1f} client steps/s)"
+        if b is not None:
+            out[f"unions {route} streams"] = n / b
+            line += f"; interleaved on streams {b * 1e3:8.1f} ms ({n / b:9.1f}); ratio {a / b:5.2f}"
+        print(line)
     return out
 
 
@@ -296,7 +317,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every figure to this file")
     ap.add_argument("--worker", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=50)
-    ap.add_argument("--routes", default="eager,graphed,compiled", help="the stacked step's routes to time")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help="which sections to run (default: all)")
+    ap.add_argument("--routes", default="eager,eager+mm,compiled,compiled+mm", help="the stacked step's routes to "
+                    "time: eager, graphed (one whole-step CUDA graph), compiled, graphs (compiled with CUDA graphs, "
+                    "auto's route), each with +mm for conv1 as one batched matmul (loop.matmul_convs 3); the unions "
+                    "section takes eager, compiled and graphs (graphs one after another only)")
     a = ap.parse_args(argv)
     if a.worker is not None:
         worker(a.worker, a.batch)
@@ -310,15 +335,25 @@ def main(argv=None) -> int:
     batch = a.batch if big else 4
     t0 = time.perf_counter()
     print(f"device: {torch.cuda.get_device_name(dev) if big else 'cpu (smoke)'}; torch {torch.__version__}")
-    res = {"conv": conv_section(dev, (10, 30, 110, 330) if big else (2, 3), batch, 20 if big else 1)}
-    res["routes"] = step_section(dev, 330 if big else 3, batch, 10 if big else 1, compile_ok=big,
-                                 routes=a.routes.split(","))
-    res["routes"].update(unions_section(dev, 11 if big else 3, 3, 10 if big else 1, batch, 5 if big else 2,
-                                        3 if big else 1, tuple(a.routes.split(",")), compile_ok=big))
-    res["routes"].update(pool_section(16 if big else 2, 8.0 if big else 0.5, batch))
-    base = res["routes"]["pool"]
+    sections, routes = set(a.sections.split(",")), a.routes.split(",")
+    unknown = sections - set(SECTIONS)
+    if unknown:
+        print(f"unknown --sections {sorted(unknown)}: any of {', '.join(SECTIONS)}")
+        return 2
+    res: dict = {"routes": {}}
+    if "conv" in sections:
+        res["conv"] = conv_section(dev, (10, 30, 110, 330) if big else (2, 3), batch, 20 if big else 1)
+    if "step" in sections:
+        res["routes"] = step_section(dev, 330 if big else 3, batch, 10 if big else 1, compile_ok=big, routes=routes)
+    if "unions" in sections:
+        res["routes"].update(unions_section(dev, 11 if big else 3, 3, 10 if big else 1, batch, 5 if big else 2,
+                                            3 if big else 1, tuple(routes), compile_ok=big))
+    if "pool" in sections:
+        res["routes"].update(pool_section(16 if big else 2, 8.0 if big else 0.5, batch))
+    base, what = (res["routes"]["pool"], "today's pool without MPS") if "pool" in res["routes"] else \
+        next(((v, k) for k, v in res["routes"].items()), (None, None))
     for route, v in res["routes"].items():
-        print(f"ratio {route:<9} {v / base:7.2f} x today's pool without MPS ({v:.1f} client steps/s)")
+        print(f"ratio {route:<9} {v / base:7.2f} x {what} ({v:.1f} client steps/s)")
     print(f"bench: {time.perf_counter() - t0:.0f} s")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))

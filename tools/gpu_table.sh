@@ -21,6 +21,9 @@
 #   ... --bench                         first, the device benchmark (tools/gpu_lockstep_bench.py, <= 120 s, synthetic
 #                                       data) and the CUDA values of the exactness tests (pytest -k cuda), in
 #                                       $OUT/bench.txt, bench.json and cuda_tests.txt; then the call goes on as usual
+#   ... --bench-only                    the same, then stops (no data, no table). BENCH_ARGS: the benchmark's own
+#                                       flags (e.g. "--sections step,unions --routes compiled,compiled+mm");
+#                                       CUDA_TESTS=0 skips the tests
 # The runs: the column's stateful rows (STATEFUL_ROWS, default scaffold fedgamma fedsmoo: their client states, ~0.3-0.6
 # GB a run, cannot come back) start first and only when the plan says they finish in this call: ROUNDS x
 # STATEFUL_S_PER_ROUND (seconds a round of their lockstep group, measured in an earlier window; unset: not started,
@@ -39,9 +42,9 @@ set -u
 MODE=gpu; LIMIT=540; BENCH=0
 while [ $# -gt 0 ]; do
   case $1 in
-    --smoke) MODE=smoke ;; --prepare) MODE=prepare ;; --bench) BENCH=1 ;;
+    --smoke) MODE=smoke ;; --prepare) MODE=prepare ;; --bench) BENCH=1 ;; --bench-only) BENCH=2 ;;
     --limit) LIMIT=$2; shift ;;
-    *) echo "gpu_table.sh: unknown argument $1 (--prepare, --smoke, --bench, --limit S)"; exit 2 ;;
+    *) echo "gpu_table.sh: unknown argument $1 (--prepare, --smoke, --bench, --bench-only, --limit S)"; exit 2 ;;
   esac; shift
 done
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
@@ -105,15 +108,18 @@ else
     git rev-parse --short HEAD; } > "$OUT/env.txt" 2>&1
   cat "$OUT/env.txt"
 fi
-if [ $BENCH = 1 ]; then  # the device benchmark and the CUDA values of the exactness tests (none run on a CPU)
-  el "bench"
-  $PY tools/gpu_lockstep_bench.py $([ $MODE = smoke ] && echo --smoke) --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
-  el "bench exit $?: $(tail -1 "$OUT/bench.txt")"; grep '^ratio' "$OUT/bench.txt"
-  timeout 150 $PY -m pytest -q -p no:cacheprovider -k cuda tests/data/test_gather.py tests/loop/test_round_end.py \
+if [ $BENCH != 0 ]; then  # the device benchmark and the CUDA values of the exactness tests (none run on a CPU)
+  el "bench ${BENCH_ARGS:-}"
+  $PY tools/gpu_lockstep_bench.py $([ $MODE = smoke ] && echo --smoke) ${BENCH_ARGS:-} --json "$OUT/bench.json" \
+    > "$OUT/bench.txt" 2>&1
+  el "bench exit $?: $(tail -1 "$OUT/bench.txt")"; grep '^ratio\|^step\|^unions' "$OUT/bench.txt"
+  [ "${CUDA_TESTS:-1}" = 0 ] || timeout 150 $PY -m pytest -q -p no:cacheprovider -k cuda tests/data/test_gather.py tests/loop/test_round_end.py \
     tests/loop/test_runners.py tests/loop/test_runner_routes.py tests/loop/test_runner_graphed.py \
-    tests/loop/test_lockstep.py tests/loop/test_interleave.py \
+    tests/loop/test_lockstep.py tests/loop/test_interleave.py tests/loop/test_matmul_convs.py \
     > "$OUT/cuda_tests.txt" 2>&1
-  rc=$?; el "cuda tests exit $rc$([ $rc = 5 ] && echo ': none ran (no CUDA here)'): $(tail -1 "$OUT/cuda_tests.txt")"
+  rc=$?; [ "${CUDA_TESTS:-1}" = 0 ] \
+    || el "cuda tests exit $rc$([ $rc = 5 ] && echo ': none ran (no CUDA here)'): $(tail -1 "$OUT/cuda_tests.txt")"
+  [ $BENCH = 2 ] && exit 0  # --bench-only
 fi
 export FEDLIGHT_DATA=$D/data FEDLIGHT_CACHE=$D/cache TORCHINDUCTOR_CACHE_DIR=$D/cache/inductor
 el "data"

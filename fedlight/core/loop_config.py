@@ -154,6 +154,11 @@ class LoopConfig:
     """Keep convolution weights and 4-D input batches in channels-last memory format (faster tensor-core
     convolutions on GPU; no effect on the math). The stacked runner then also keeps its grouped convolutions
     channels-last end to end."""
+    matmul_convs: int = 0
+    """Stacked runner only: its convolutions with at most this many input channels (a network's first layer: 3 for
+    RGB) run as unfold + one batched matmul for the chunk instead of vmap's grouped convolution, whose kernels are slow
+    with few channels per group (fedlight/runners/matmul_conv.py). Same math up to summation order; 0: none (the
+    default until a device measurement says it pays)."""
     compile: bool | str | None = None
     """torch.compile the client computation. true: inductor; a mode ("reduce-overhead": CUDA graphs) or a backend
     ("aot_eager"); false: never; null: as auto's route runs. Failures fall back, each saying why (docs/speed.md)."""
@@ -230,6 +235,9 @@ class LoopConfig:
               f"`loop.max_grad_norm` must be positive, auto or null, got {self.max_grad_norm!r}")
         check(self.state_budget_mb is None or self.state_budget_mb >= 0,
               f"`loop.state_budget_mb` must be >= 0 or null, got {self.state_budget_mb}")
+        check(type(self.matmul_convs) is int and self.matmul_convs >= 0,
+              f"`loop.matmul_convs` is a number of input channels (0: none; 3: an RGB first layer), got "
+              f"{self.matmul_convs!r}")
         check(self.vmap_chunk in (None, "auto") or (type(self.vmap_chunk) is int and self.vmap_chunk > 0),
               f"`loop.vmap_chunk` must be a positive integer, auto or null, got {self.vmap_chunk!r}")
         _check_compile(self.compile)

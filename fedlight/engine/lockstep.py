@@ -57,7 +57,7 @@ class Lockstep:
         check(streams in STREAMS, f"`fedlight lockstep --streams` is one of {', '.join(STREAMS)}, got {streams!r}")
         self.members = [Member(name, gen) for name, gen in steps.items()]
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-        self.streams, self._streams = streams, None
+        self.streams, self._streams, self._told = streams, None, False
         self.shared: list[int] = []
         """Per round, the size of each union trained (members sharing a chunk)."""
         self.interleaved: list[int] = []
@@ -109,11 +109,18 @@ class Lockstep:
         return [m.pending.run() for m in part]
 
     def _interleaves(self, parts: list[list[Member]]) -> bool:
-        """Whether this round's unions train interleaved (``streams``: on; auto: on CUDA; off)."""
-        if self.streams == "off" or sum(pausable(p[0].pending) for p in parts) < 2:
+        """Whether this round's unions train interleaved (``streams``: on; auto: on CUDA; off). Says once when
+        stacked unions cannot (``torch.compile``'s CUDA graphs)."""
+        if self.streams == "off":
             return False
-        return self.streams == "on" or next(p[0].pending.runner.setup.device.type for p in parts
-                                            if pausable(p[0].pending)) == "cuda"
+        stacked = [p[0].pending for p in parts if shares_chunk(p[0].pending) is not None]
+        if not self._told and len(stacked) >= 2 and not all(map(pausable, stacked)):
+            self._told = True
+            self.say("fedlight lockstep: the unions train one after another, not interleaved on CUDA streams: "
+                     "`loop.compile: reduce-overhead` (auto's route on CUDA) replays CUDA graphs from one memory "
+                     "pool in stream order. `--loop.compile true` (compiled without graphs) lets them interleave")
+        paused = [w for w in stacked if pausable(w)]
+        return len(paused) >= 2 and (self.streams == "on" or paused[0].runner.setup.device.type == "cuda")
 
     def _train_interleaved(self, parts: list[list[Member]]) -> None:
         """The unions of ``parts`` trained at once, their stacked steps in turn, each on its own CUDA stream
@@ -150,7 +157,9 @@ class Lockstep:
 def pausable(work: Work) -> bool:
     """Whether ``work`` trains in a stacked runner whose steps can pause (:meth:`StackedRunner.train_steps
     <fedlight.runners.stacked.StackedRunner.train_steps>`), so that a group can interleave it with other unions;
-    not with ``torch.compile``'s own CUDA graphs (``reduce-overhead``), whose replays assume one stream."""
+    not with ``torch.compile``'s own CUDA graphs (``reduce-overhead``): its graphs share one memory pool whose reuse
+    follows the order of their replays on one stream, so graphs replayed side by side on two streams could
+    overwrite each other's memory."""
     return shares_chunk(work) is not None and work.runner.forward.compile != "reduce-overhead"
 
 
@@ -199,8 +208,9 @@ def together_steps(works: list[Work]) -> Generator[None, None, list[Any]]:
 
 
 def shares_chunk(work: Work) -> tuple | None:
-    """What the clients of several runs must agree on to train as one stacked chunk; ``None`` when this run's
-    clients cannot share one (its runner is not stacked, or has fallen back to the sequential runner)."""
+    """What the clients of several runs must agree on to train as one stacked chunk (``loop.matmul_convs``' choice of
+    convolutions included); ``None`` when this run's clients cannot share one (its runner is not stacked, or has
+    fallen back to the sequential runner)."""
     from fedlight.runners.stacked import StackedRunner
 
     r = work.runner
@@ -208,7 +218,8 @@ def shares_chunk(work: Work) -> tuple | None:
         return None
     s = r.setup
     model = tuple((k, tuple(v.shape), v.dtype) for k, v in [*s.model.named_parameters(), *s.model.named_buffers()])
-    return (type(r), r.forward.compile, type(s.model), model, describe(s.local), describe(s.optimizer),
+    matmul = tuple(n for n, m in s.model.named_modules() if any(m is c for c in r.forward.matmul_convs))
+    return (type(r), r.forward.compile, matmul, type(s.model), model, describe(s.local), describe(s.optimizer),
             s.max_grad_norm, s.weight_decay, describe(s.task), id(s.fabric), work.info.round, work.info.lr)
 
 

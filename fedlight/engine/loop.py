@@ -34,8 +34,9 @@ from fedlight.engine.loop_state import LoopState, step_counters
 from fedlight.engine.round_row import Collected, RoundPlan, RoundRow, client_entries
 from fedlight.engine.work import Work, drive
 from fedlight.run.files import fault, to_device
-from fedlight.runners import ClientJob, TrainSetup, select_runner
+from fedlight.runners import ClientJob, TrainSetup, matmul_conv, select_runner
 from fedlight.runners.base import OptimizerFactory
+from fedlight.runners.guard import say
 from fedlight.tasks import Task
 
 
@@ -89,6 +90,11 @@ class FederatedLoop:
         setup = TrainSetup(model=self.model, local=self.local, fabric=fabric,
                            optimizer=optimizer or cfg.optimizer_factory(), task=self.task,
                            max_grad_norm=cfg.clip_norm, weight_decay=cfg.weight_decay, seed=seed)
+        if cfg.matmul_convs:  # before the runner, whose stacked forward reads the selection
+            names = matmul_conv.select(self.model, cfg.matmul_convs)
+            say(setup, f"fedlight: loop.matmul_convs {cfg.matmul_convs}: " + (
+                f"{', '.join(names)} convolve as one batched matmul when clients train stacked" if names else
+                f"no convolution has at most {cfg.matmul_convs} input channels; the setting changes nothing"))
         self.runner, self.runner_reason = select_runner(cfg, setup, self.state.meta["algorithm"])
         self.custom_aggregate = self.server.aggregates_itself()
 

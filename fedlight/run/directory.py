@@ -30,9 +30,9 @@ from typing import Any
 from fedlight.errors import ConfigError
 
 EXECUTION_ONLY = ("out_dir", "resume", "overwrite", "accelerator", "devices", "num_nodes", "loop.client_parallelism",
-                  "loop.vmap_chunk", "loop.compile", "loop.channels_last", "loop.progress", "loop.save_every",
-                  "loop.eval_every", "loop.targets", "loop.state_device", "loop.state_budget_mb", "loop.rounds",
-                  "data.init_args.root", "loggers")
+                  "loop.vmap_chunk", "loop.compile", "loop.channels_last", "loop.matmul_convs", "loop.progress",
+                  "loop.save_every", "loop.eval_every", "loop.targets", "loop.state_device", "loop.state_budget_mb",
+                  "loop.rounds", "data.init_args.root", "loggers")
 """Keys (dotted) that may differ between the segments of one run."""
 
 LOCK_NAME = ".fedlight.lock"

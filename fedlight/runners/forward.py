@@ -3,7 +3,9 @@
 
 What the per-client call sees is one client's parameters and buffers bound to the one model (:class:`_Bound`);
 forward pre-hooks installed only for the call (:func:`input_hooks`) adjust what particular layers receive (float32
-BatchNorm inputs under eager mixed precision; contiguous BatchNorm inputs on the channels-last route).
+BatchNorm inputs under eager mixed precision; contiguous BatchNorm inputs on the channels-last route), and
+convolutions may convolve otherwise for the call (:func:`conv_forwards`: ``loop.matmul_convs``,
+:mod:`fedlight.runners.matmul_conv`; the channels-last route's operator).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from fedlight.core.params import Params
 from fedlight.core.rules import LocalContext
+from fedlight.runners import matmul_conv
 from fedlight.runners.base import compile_kwargs
 
 
@@ -64,6 +67,7 @@ class StackedForward:
         self.mixed = isinstance(self.precision, MixedPrecision)
         self.compiled, self.compile = bool(compile), compile
         self.norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        self.matmul_convs = matmul_conv.selected(model)  # loop.matmul_convs
         fn = self._losses
         if compile:
             fn = torch.compile(fn, dynamic=False, **compile_kwargs(compile))
@@ -91,8 +95,22 @@ class StackedForward:
     def __call__(self, params: Params, buffers: Params, batch: Any, objective: Callable) -> Tensor:
         if self.precision is not None and not self.mixed:
             batch = self.precision.convert_input(batch)  # e.g. float64 for 64-true
-        with input_hooks(self.norms, _float32) if self.mixed and not self.compiled else nullcontext():
+        with input_hooks(self.norms, _float32) if self.mixed and not self.compiled else nullcontext(), \
+                conv_forwards(self.matmul_convs, matmul_conv.conv_as_matmul):
             return self.fn(params, buffers, batch, objective)
+
+
+@contextmanager
+def conv_forwards(modules: list[nn.Module], make: Callable[[nn.Module], Callable]):
+    """Within the block, each of ``modules`` (``nn.Conv2d``) convolves through ``make(module)``, a function of
+    ``(x, weight, bias)`` as ``Conv2d._conv_forward`` is."""
+    for m in modules:
+        m._conv_forward = make(m)
+    try:
+        yield
+    finally:
+        for m in modules:
+            del m._conv_forward
 
 
 def _float32(x: Tensor) -> Tensor:

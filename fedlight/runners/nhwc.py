@@ -18,14 +18,12 @@ what a GPU does).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlight.runners.base import TrainSetup
-from fedlight.runners.forward import StackedForward, input_hooks
+from fedlight.runners.forward import StackedForward, conv_forwards, input_hooks
 from fedlight.runners.stacked import StackedRunner
 
 
@@ -88,7 +86,6 @@ def _swappable(m: nn.Module) -> bool:
     return isinstance(m, nn.Conv2d) and m.padding_mode == "zeros" and not isinstance(m.padding, str)
 
 
-@contextmanager
 def channels_last_convs(modules: list[nn.Conv2d], op=None):
     """Within the block, ``modules`` convolve through ``op`` (default :func:`stacked_conv2d`; an operator with its
     signature and a batching rule of its own)."""
@@ -98,13 +95,7 @@ def channels_last_convs(modules: list[nn.Conv2d], op=None):
         stride, padding, dilation = list(m.stride), list(m.padding), list(m.dilation)
         return lambda x, w, b: op(x, w, b, stride, padding, dilation, m.groups)
 
-    for m in modules:
-        m._conv_forward = conv(m)
-    try:
-        yield
-    finally:
-        for m in modules:
-            del m._conv_forward
+    return conv_forwards(modules, conv)
 
 
 def _contiguous(x: Tensor) -> Tensor:
@@ -122,7 +113,7 @@ class ChannelsLastForward(StackedForward):
 
     def __init__(self, model: nn.Module, fabric, compile: bool | str = False) -> None:
         super().__init__(model, fabric, compile)
-        self.convs = [m for m in model.modules() if _swappable(m)]
+        self.convs = [m for m in model.modules() if _swappable(m) and m not in self.matmul_convs]
 
     def __call__(self, params, buffers, batch, objective) -> Tensor:
         with channels_last_convs(self.convs), input_hooks(self.norms, _contiguous):

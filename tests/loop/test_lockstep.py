@@ -239,6 +239,19 @@ def test_unions_interleaved_on_streams_equal_them_one_after_another(device, tmp_
         assert_same_run(tmp_path / "on" / f"g{s}", tmp_path / "off" / f"g{s}", 0.0)
 
 
+def test_unions_that_cannot_pause_train_one_after_another_and_it_is_said_once(tmp_path, monkeypatch):
+    """Stacked unions whose steps cannot pause (on CUDA: ``loop.compile: reduce-overhead``, made so here) train one
+    after another even with ``--streams on``, and the group says why once."""
+    from fedlight.engine import lockstep
+
+    monkeypatch.setattr(lockstep, "pausable", lambda work: False)
+    said = []
+    res = lockstep_fit([_run(tmp_path, f"g{s}", row, s, "vmap") for s, row in enumerate(["fedavg", "fednsam"])],
+                       say=said.append, streams="on")
+    assert all(v["rounds_completed"] == 3 for v in res.values())
+    assert sum("not interleaved on CUDA streams" in x for x in said) == 1 and "interleaved" not in said[-1], said
+
+
 def test_an_interleaved_union_that_fails_is_done_run_by_run_and_a_runs_own_failure_stays_its_own(tmp_path,
                                                                                                  monkeypatch):
     """Interleaved, a union of several runs that fails (planted) is redone by each run alone, to its numbers; a
@@ -298,6 +311,18 @@ def test_member_flags():
         ["--config", "a.yaml", "--seed", "0", "--out_dir", "D/seed0"],
         ["--config", "a.yaml", "--seed", "2", "--out_dir", "D/seed2"]]
     assert member_argvs(["--seed", "1", "::", "--seed", "3"]) == [["--seed", "1"], ["--seed", "3"]]
+
+
+def test_runs_with_other_matmul_convolutions_train_in_unions_of_their_own(tmp_path):
+    """``loop.matmul_convs`` changes the stacked forward: a run with it and one without never share a union (each
+    equals its run alone); two with it do."""
+    runs = [_run(tmp_path, f"g{s}", "fedavg", s, "vmap", matmul_convs=m) for s, m in enumerate([1, 0, 1])]
+    said = []
+    lockstep_fit(runs, say=said.append)
+    assert "6 of 9 run-rounds" in said[-1], said
+    for s, m in enumerate([1, 0, 1]):
+        fedlight.fit(**_run(tmp_path, f"a{s}", "fedavg", s, "vmap", matmul_convs=m))
+        assert_same_run(tmp_path / f"g{s}", tmp_path / f"a{s}", 1e-12)
 
 
 def test_the_streams_flag_and_its_environment_default(monkeypatch):

@@ -65,7 +65,8 @@ class BmmForward(StackedForward):
 
     def __init__(self, model, fabric, compile: bool | str = False) -> None:
         super().__init__(model, fabric, compile)
-        self.convs = [m for m in model.modules() if _swappable(m) and m.groups == 1 and m.in_channels >= self.FROM]
+        self.convs = [m for m in model.modules() if _swappable(m) and m.groups == 1 and m.in_channels >= self.FROM
+                      and m not in self.matmul_convs]
 
     def __call__(self, params, buffers, batch, objective) -> Tensor:
         with channels_last_convs(self.convs, stacked_conv2d_bmm):

@@ -35,9 +35,9 @@ from fedlight.lab.tables.spec import Cell, base_path, flags, shrink_overrides
 IDENTITY = ("base", "flags")
 """The keys of a run's ``reproduce.json`` that say what experiment it is (``execution`` may differ on resume)."""
 
-EXECUTION_FLAGS = ("--loop.client_parallelism", "--loop.vmap_chunk", "--loop.channels_last", "--loop.compile",
-                   "--loop.state_budget_mb", "--loop.state_device", "--loop.save_every", "--loop.progress",
-                   "--devices", "--num_nodes", "--accelerator", "--loggers")
+EXECUTION_FLAGS = ("--loop.client_parallelism", "--loop.vmap_chunk", "--loop.channels_last", "--loop.matmul_convs",
+                   "--loop.compile", "--loop.state_budget_mb", "--loop.state_device", "--loop.save_every",
+                   "--loop.progress", "--devices", "--num_nodes", "--accelerator", "--loggers")
 """``fedlight fit`` flags that change how a run executes, not what it computes (up to floating-point order)."""
 
 
