@@ -149,6 +149,16 @@ def test_gpu_table_first_call_benches_then_starts_only_stateful_rows_that_finish
     assert not (table_dir(tmp_path) / SCAFFOLD).exists()
 
 
+def test_gpu_table_bench_only_with_the_benchmarks_flags_and_no_tests(tmp_path):
+    """``--bench-only`` with ``BENCH_ARGS`` and ``CUDA_TESTS=0``: the asked sections only, no tests, no data, no table."""
+    log = smoke(tmp_path, "out", args=("--bench-only",), BENCH_ARGS="--sections step --routes eager,eager+mm",
+                CUDA_TESTS="0")
+    assert "bench --sections step --routes eager,eager+mm" in log and "bench exit 0: bench:" in log
+    assert "step  eager+mm 3 clients" in log and "ratio eager+mm" in log
+    assert "cuda tests" not in log and "data" not in log.split("bench exit 0")[1]
+    assert not (tmp_path / "out" / "cuda_tests.txt").exists() and not table_dir(tmp_path).exists()
+
+
 def check_restore_rules(tmp_path: Path, whole: Path, stopped: Path, finished: Path) -> None:
     """The archive (SCAFFOLD at round 2) never replaces a run finished or further along; a part missing is refused;
     a run that does not fit is left out, named; one that fits 16 MiB comes back as one file."""
