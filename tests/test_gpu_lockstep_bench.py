@@ -36,13 +36,16 @@ def test_bench_smoke_runs_every_section(tmp_path):
 
 
 def test_bench_sections_and_routes_as_asked(tmp_path):
-    """``--sections step --routes graphed+mm``: that one line, its ratio to itself, nothing else; a wrong section is
-    refused."""
-    res, out = _bench(tmp_path, "--sections", "step", "--routes", "graphed+mm")
+    """``--sections step,profile --routes graphed+mm,eager``: those lines, the ratios to the first, the profile of
+    the eager route only (a graph hides its kernels), nothing else; a wrong section is refused."""
+    res, out = _bench(tmp_path, "--sections", "step,profile", "--routes", "graphed+mm,eager")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = json.loads(out.read_text())
-    assert list(got) == ["routes"] and list(got["routes"]) == ["graphed+mm"]
-    assert "ratio graphed+mm    1.00 x graphed+mm" in res.stdout and "pool" not in res.stdout
+    assert list(got) == ["routes", "profile"] and list(got["routes"]) == ["graphed+mm", "eager"]
+    assert "ratio graphed+mm    1.00 x graphed+mm" in res.stdout and "pool  " not in res.stdout
+    assert list(got["profile"]) == ["eager"] and len(got["profile"]["eager"]["top"]) == 12
+    assert 0 < got["profile"]["eager"]["busy_ms"] <= 1.5 * got["profile"]["eager"]["wall_ms"]
+    assert "profile eager       3 clients:" in res.stdout
     res, _ = _bench(tmp_path, "--sections", "step,pools")
     assert res.returncode == 2 and "unknown --sections ['pools']" in res.stdout
 

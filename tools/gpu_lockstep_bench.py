@@ -18,6 +18,8 @@ through LeNet-5, forward + backward + SGD update, 80.6 MFLOP an image):
 3. ``unions``: a ``--lockstep column`` process's 11 unions (rows of different local rules) of 30 clients each, trained
    one after another and interleaved on CUDA streams (``fedlight lockstep --streams``), eager and compiled; with
    ``graphs`` (compiled with CUDA graphs, auto's route, which fedlight never interleaves) one after another only.
+   ``profile`` (only when asked, ``--sections profile``): 3 steps of each eager or compiled route under
+   ``torch.profiler``: wall and kernel milliseconds a step, the costliest kernels.
 4. ``pool``: today's route, 16 processes side by side each training clients one after another, without and (when
    the machine has it) with MPS: a daemon started in a temporary folder for this call and stopped at its end; no
    device setting is changed.
@@ -49,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedlight.models import LeNet5  # noqa: E402
 from fedlight.runners import matmul_conv  # noqa: E402
 
-SECTIONS = ("conv", "step", "unions", "pool")
+SECTIONS = ("conv", "step", "profile", "unions", "pool")
 
 COMPILED = {"compiled": True, "graphs": "reduce-overhead"}
 """The compiled routes: ``torch.compile`` of the stacked loss without CUDA graphs (``loop.compile: true``) and with
@@ -193,6 +195,52 @@ def step_section(dev, M, batch, reps, compile_ok, routes=("eager", "graphed", "c
     return out
 
 
+# ------------------------------------------------------------------------------------------------ 2c. profile
+def profile_section(dev, M: int, batch: int, routes: list[str], compile_ok: bool, steps: int = 3,
+                    top: int = 12) -> dict[str, dict]:
+    """Where a stacked step's time goes: ``steps`` steps of each route under ``torch.profiler``; per step the wall
+    milliseconds, the kernels' milliseconds (the sum of their durations: the device's busy time, overlaps counted
+    twice) and the ``top`` costliest kernels (CPU ops on a CPU). Not the graphed routes: their kernels hide inside
+    the graph launch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = dev.type == "cuda"
+    out = {}
+    for route in routes:
+        base = route.removesuffix("+mm")
+        if base not in ("eager", "compiled"):
+            continue
+        if base == "compiled" and not compile_ok:
+            print(f"profile {route}: skipped (--smoke on a CPU: no inductor compile in the suite)")
+            continue
+        try:
+            step = StackedStep(M, batch, dev, compiled=COMPILED.get(base, False), matmul=route.endswith("+mm"))
+            for _ in range(3):
+                step()
+            sync(dev)
+            with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+                t = time.perf_counter()
+                for _ in range(steps):
+                    step()
+                sync(dev)
+                wall = (time.perf_counter() - t) / steps
+        except Exception as e:  # noqa: BLE001 - one route failing says so and the bench goes on
+            print(f"profile {route}: failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+            continue
+        events = prof.key_averages()
+        key = "self_device_time_total" if cuda else "self_cpu_time_total"
+        busy = sum(getattr(e, key) for e in events if not cuda or e.device_type == torch.autograd.DeviceType.CUDA)
+        busy = busy / steps / 1e3  # us -> ms per step
+        costly = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]
+        out[route] = {"wall_ms": wall * 1e3, "busy_ms": busy,
+                      "top": [(e.key[:90], getattr(e, key) / steps / 1e3) for e in costly]}
+        print(f"profile {route:<11} {M} clients: {wall * 1e3:8.2f} ms a step, {'kernels' if cuda else 'CPU ops'} "
+              f"{busy:8.2f} ms ({busy / (wall * 1e3):.0%} of the wall)")
+        for name, ms in out[route]["top"]:
+            print(f"profile {route:<11}   {ms:8.3f} ms  {name}")
+    return out
+
+
 # ------------------------------------------------------------------------------------------------- 2b. unions
 def unions_section(dev, unions: int, runs: int, clients: int, batch: int, steps: int, reps: int,
                    routes: tuple[str, ...], compile_ok: bool) -> dict[str, float]:
@@ -317,7 +365,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every figure to this file")
     ap.add_argument("--worker", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=50)
-    ap.add_argument("--sections", default=",".join(SECTIONS), help="which sections to run (default: all)")
+    ap.add_argument("--sections", default="conv,step,unions,pool", help=f"which of {', '.join(SECTIONS)} to run "
+                    "(default: all but profile)")
     ap.add_argument("--routes", default="eager,eager+mm,compiled,compiled+mm", help="the stacked step's routes to "
                     "time: eager, graphed (one whole-step CUDA graph), compiled, graphs (compiled with CUDA graphs, "
                     "auto's route), each with +mm for conv1 as one batched matmul (loop.matmul_convs 3); the unions "
@@ -345,6 +394,8 @@ def main(argv=None) -> int:
         res["conv"] = conv_section(dev, (10, 30, 110, 330) if big else (2, 3), batch, 20 if big else 1)
     if "step" in sections:
         res["routes"] = step_section(dev, 330 if big else 3, batch, 10 if big else 1, compile_ok=big, routes=routes)
+    if "profile" in sections:
+        res["profile"] = profile_section(dev, 330 if big else 3, batch, routes, compile_ok=big)
     if "unions" in sections:
         res["routes"].update(unions_section(dev, 11 if big else 3, 3, 10 if big else 1, batch, 5 if big else 2,
                                             3 if big else 1, tuple(routes), compile_ok=big))
