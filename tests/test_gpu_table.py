@@ -150,7 +150,7 @@ def test_gpu_table_first_call_benches_then_starts_only_stateful_rows_that_finish
 
 
 def test_gpu_table_bench_only_with_the_benchmarks_flags_and_no_tests(tmp_path):
-    """``--bench-only`` with ``BENCH_ARGS`` and ``CUDA_TESTS=0``: the asked sections only, no tests, no data, no table."""
+    """``--bench-only`` with ``BENCH_ARGS`` and ``CUDA_TESTS=0``: the asked sections only; no tests, data or table."""
     log = smoke(tmp_path, "out", args=("--bench-only",), BENCH_ARGS="--sections step --routes eager,eager+mm",
                 CUDA_TESTS="0")
     assert "bench --sections step --routes eager,eager+mm" in log and "bench exit 0: bench:" in log

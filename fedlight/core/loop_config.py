@@ -155,10 +155,8 @@ class LoopConfig:
     convolutions on GPU; no effect on the math). The stacked runner then also keeps its grouped convolutions
     channels-last end to end."""
     matmul_convs: int = 0
-    """Stacked runner only: its convolutions with at most this many input channels (a network's first layer: 3 for
-    RGB) run as unfold + one batched matmul for the chunk instead of vmap's grouped convolution, whose kernels are slow
-    with few channels per group (fedlight/runners/matmul_conv.py). Same math up to summation order; 0: none (the
-    default until a device measurement says it pays)."""
+    """Stacked runner: convolutions of at most this many input channels (3: RGB) as one batched matmul, not a
+    grouped convolution (fedlight/runners/matmul_conv.py); 0: none."""
     compile: bool | str | None = None
     """torch.compile the client computation. true: inductor; a mode ("reduce-overhead": CUDA graphs) or a backend
     ("aot_eager"); false: never; null: as auto's route runs. Failures fall back, each saying why (docs/speed.md)."""

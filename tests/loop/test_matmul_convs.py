@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from fedtest import DEVICES, make_loop
 from torch import nn
 from torch.func import functional_call, vmap
