@@ -380,3 +380,33 @@ def test_a_trial_whose_requeued_worker_ended_unreaped_is_resumed_by_another(here
     taken.trial.set_user_attr(tune_study.WORKER, {**tune_study.mine(), "pid": zombie, "start": None})
     again = _job(here, one).next()  # another worker's process
     assert again is not None and again.trial.number == 0 and again.path == taken.path
+
+
+def test_two_workers_looking_at_once_never_take_one_trial(tmp_path, monkeypatch):
+    """The race CI met with two Slurm workers starting together: a trial another worker has just asked for (not yet
+    marked) is not taken before the grace ends, and of two workers that mark a gone trial at once only the last
+    takes it (the other goes on to a new trial)."""
+    from fedlight.lab.tuning import study as tune_study
+
+    monkeypatch.setattr(tune_study, "CLAIM_SETTLE_S", 0.0)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s")
+    fresh = study.ask()  # another worker's, between ask() and marking it
+    got = tune_study.claim(study, budget=4, stale_after_s=3600, taken=set())
+    assert got.number != fresh.number and got.user_attrs[tune_study.WORKER]["pid"] == os.getpid()
+    monkeypatch.setattr(tune_study, "UNMARKED_GRACE_S", 0.0)  # later: a worker that died before marking it
+    assert tune_study.claim(study, budget=4, stale_after_s=3600, taken={got.number}).number == fresh.number
+
+    gone_one = study.ask()
+    gone_one.set_user_attr(tune_study.WORKER, {"host": "elsewhere", "pid": 1, "start": 0, "beat": 0})
+    rival = {"host": "elsewhere", "pid": 2, "start": 0, "beat": time.time()}
+    real_sleep = tune_study.time.sleep
+
+    def the_other_marks_meanwhile(s):  # the other worker's mark lands after this one's
+        study._storage.set_trial_user_attr(gone_one._trial_id, tune_study.WORKER, rival)
+        real_sleep(s)
+
+    monkeypatch.setattr(tune_study.time, "sleep", the_other_marks_meanwhile)
+    taken = {got.number, fresh.number}
+    mine = tune_study.claim(study, budget=5, stale_after_s=3600, taken=taken)
+    assert mine.number not in (gone_one.number, *taken)  # lost the mark: a new trial instead
+    assert study._storage.get_trial(gone_one._trial_id).user_attrs[tune_study.WORKER] == rival

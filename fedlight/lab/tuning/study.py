@@ -87,22 +87,49 @@ def gone(worker: dict[str, Any] | None, stale_after_s: float) -> bool:
     return not alive(worker) or time.time() - float(worker.get("beat", 0)) > stale_after_s
 
 
+UNMARKED_GRACE_S = 60.0
+"""A running trial without a worker is another worker's new trial between ``study.ask()`` and marking it (a few
+milliseconds) for this long; after it, one whose worker died in between, and free to take."""
+
+
+CLAIM_SETTLE_S = 1.0
+"""How long a worker that marked a gone trial waits before reading the mark back."""
+
+
 def claim(study, budget: int, stale_after_s: float, taken: set[int]):
     """The next trial for this worker: a running one whose worker is gone, else a new one while the study has
-    fewer than ``budget`` trials; ``None`` when neither. ``taken``: trial numbers this process already runs."""
+    fewer than ``budget`` trials; ``None`` when neither. ``taken``: trial numbers this process already runs.
+
+    Two workers may look at once (two Slurm jobs start together): a trial that no worker has marked yet is not
+    taken until :data:`UNMARKED_GRACE_S` after it began (else both would train it, in one run directory), and of
+    two workers that mark a gone trial at once, the last mark takes it: each reads the mark back
+    :data:`CLAIM_SETTLE_S` after writing its own and leaves the trial when it is not its own."""
     import optuna
 
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     for t in running:
-        if t.number not in taken and gone(t.user_attrs.get(WORKER), stale_after_s):
-            trial = optuna.trial.Trial(study, t._trial_id)
-            trial.set_user_attr(WORKER, mine())
+        worker = t.user_attrs.get(WORKER)
+        if t.number in taken or (worker is None and _age_s(t) < UNMARKED_GRACE_S) or not gone(worker,
+                                                                                              stale_after_s):
+            continue
+        me = mine()
+        trial = optuna.trial.Trial(study, t._trial_id)
+        trial.set_user_attr(WORKER, me)
+        time.sleep(CLAIM_SETTLE_S)  # a worker that saw the trial gone when this one did has marked it by now
+        if study._storage.get_trial(t._trial_id).user_attrs.get(WORKER) == me:  # the last mark takes it
             return trial
     if len(study.get_trials(deepcopy=False)) >= budget:
         return None
     trial = study.ask()
     trial.set_user_attr(WORKER, mine())
     return trial
+
+
+def _age_s(t) -> float:
+    """Seconds since the trial began (Optuna records its start in local time)."""
+    from datetime import datetime
+
+    return (datetime.now() - t.datetime_start).total_seconds() if t.datetime_start is not None else float("inf")
 
 
 def suggest(trial, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
