@@ -76,7 +76,7 @@ class Lockstep:
                     continue
                 parts = _parts(live)
                 self.shared.extend(len(p) for p in parts)
-                paused = [p for p in parts if pausable(p[0].pending)] if self._interleaves(parts) else []
+                paused = self._to_interleave(parts)
                 if paused:
                     self._train_interleaved(paused)
                 for part in parts:
@@ -108,19 +108,20 @@ class Lockstep:
                  f"{e}); each run trains its own this round")
         return [m.pending.run() for m in part]
 
-    def _interleaves(self, parts: list[list[Member]]) -> bool:
-        """Whether this round's unions train interleaved (``streams``: on; auto: on CUDA; off). Says once when
-        stacked unions cannot (``torch.compile``'s CUDA graphs)."""
+    def _to_interleave(self, parts: list[list[Member]]) -> list[list[Member]]:
+        """The unions of this round that train interleaved (``streams``: on; auto: on CUDA; off: none); says once
+        when stacked unions cannot (``torch.compile``'s CUDA graphs)."""
         if self.streams == "off":
-            return False
-        stacked = [p[0].pending for p in parts if shares_chunk(p[0].pending) is not None]
-        if not self._told and len(stacked) >= 2 and not all(map(pausable, stacked)):
+            return []
+        stacked = [p for p in parts if shares_chunk(p[0].pending) is not None]
+        paused = [p for p in stacked if pausable(p[0].pending)]
+        if not self._told and len(stacked) >= 2 and len(paused) < len(stacked):
             self._told = True
             self.say("fedlight lockstep: the unions train one after another, not interleaved on CUDA streams: "
                      "`loop.compile: reduce-overhead` (auto's route on CUDA) replays CUDA graphs from one memory "
                      "pool in stream order. `--loop.compile true` (compiled without graphs) lets them interleave")
-        paused = [w for w in stacked if pausable(w)]
-        return len(paused) >= 2 and (self.streams == "on" or paused[0].runner.setup.device.type == "cuda")
+        on = len(paused) >= 2 and (self.streams == "on" or paused[0][0].pending.runner.setup.device.type == "cuda")
+        return paused if on else []
 
     def _train_interleaved(self, parts: list[list[Member]]) -> None:
         """The unions of ``parts`` trained at once, their stacked steps in turn, each on its own CUDA stream
@@ -160,7 +161,10 @@ def pausable(work: Work) -> bool:
     not with ``torch.compile``'s own CUDA graphs (``reduce-overhead``): its graphs share one memory pool whose reuse
     follows the order of their replays on one stream, so graphs replayed side by side on two streams could
     overwrite each other's memory."""
-    return shares_chunk(work) is not None and work.runner.forward.compile != "reduce-overhead"
+    from fedlight.runners.stacked import StackedRunner
+
+    r = work.runner
+    return isinstance(r, StackedRunner) and r.sequential is None and r.forward.compile != "reduce-overhead"
 
 
 def _raising(error: Exception):

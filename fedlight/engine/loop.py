@@ -90,8 +90,8 @@ class FederatedLoop:
         setup = TrainSetup(model=self.model, local=self.local, fabric=fabric,
                            optimizer=optimizer or cfg.optimizer_factory(), task=self.task,
                            max_grad_norm=cfg.clip_norm, weight_decay=cfg.weight_decay, seed=seed)
-        if cfg.matmul_convs:  # before the runner, whose stacked forward reads the selection
-            names = matmul_conv.select(self.model, cfg.matmul_convs)
+        names = matmul_conv.select(self.model, cfg.matmul_convs)  # before the runner, whose forward reads it
+        if cfg.matmul_convs:
             say(setup, f"fedlight: loop.matmul_convs {cfg.matmul_convs}: " + (
                 f"{', '.join(names)} convolve as one batched matmul when clients train stacked" if names else
                 f"no convolution has at most {cfg.matmul_convs} input channels; the setting changes nothing"))

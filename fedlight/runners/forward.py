@@ -68,6 +68,7 @@ class StackedForward:
         self.compiled, self.compile = bool(compile), compile
         self.norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         self.matmul_convs = matmul_conv.selected(model)  # loop.matmul_convs
+        self._matmul = {id(m): matmul_conv.conv_as_matmul(m) for m in self.matmul_convs}  # made once, not per step
         fn = self._losses
         if compile:
             fn = torch.compile(fn, dynamic=False, **compile_kwargs(compile))
@@ -75,9 +76,11 @@ class StackedForward:
 
     @classmethod
     def shared(cls, model: nn.Module, fabric: Any, compile: bool | str = False) -> StackedForward:
-        """One instance per (model, precision, compile), so loops over the same model reuse compiled code."""
+        """One instance per (model, precision, compile, ``loop.matmul_convs`` selection), so loops over the same
+        model reuse compiled code."""
         precision = None if fabric is None else fabric.strategy.precision
-        key = (cls.__name__, type(precision).__name__, str(getattr(precision, "precision", "")), compile)
+        key = (cls.__name__, type(precision).__name__, str(getattr(precision, "precision", "")), compile,
+               tuple(map(id, matmul_conv.selected(model))))
         per_model = model.__dict__.setdefault("_fedlight_stacked_forwards", {})  # dies with the model
         if key not in per_model:
             per_model[key] = cls(model, fabric, compile)
@@ -96,7 +99,7 @@ class StackedForward:
         if self.precision is not None and not self.mixed:
             batch = self.precision.convert_input(batch)  # e.g. float64 for 64-true
         with input_hooks(self.norms, _float32) if self.mixed and not self.compiled else nullcontext(), \
-                conv_forwards(self.matmul_convs, matmul_conv.conv_as_matmul):
+                conv_forwards(self.matmul_convs, lambda m: self._matmul[id(m)]):
             return self.fn(params, buffers, batch, objective)
 
 

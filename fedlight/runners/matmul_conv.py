@@ -40,12 +40,15 @@ def eligible(m: nn.Module, max_channels: int) -> bool:
 
 
 def select(model: nn.Module, max_channels: int) -> list[str]:
-    """Mark the convolutions of ``model`` with at most ``max_channels`` input channels; their names."""
+    """Mark the convolutions of ``model`` with at most ``max_channels`` input channels, and only those (a model
+    reused by a later run keeps no mark of an earlier one's setting); their names."""
     names = []
     for name, m in model.named_modules():
         if eligible(m, max_channels):
             setattr(m, MARK, True)
             names.append(name)
+        elif getattr(m, MARK, False):
+            delattr(m, MARK)
     return names
 
 

@@ -123,3 +123,18 @@ def test_a_bf16_stacked_run_with_matmul_convs_stays_stacked_and_close(device):
         finals.append(loop.state.params)
     for k in finals[0]:
         torch.testing.assert_close(finals[1][k], finals[0][k], rtol=3e-2, atol=3e-2, msg=k)
+
+
+def test_a_model_reused_by_a_later_run_keeps_no_earlier_choice():
+    """One model object through two loops, the first with ``loop.matmul_convs 3``, the second without: the second's
+    stacked forward convolves as vmap's grouped convolution (no mark, no cached forward of the first)."""
+    torch.manual_seed(0)
+    model = SmallCNN(in_channels=3, num_classes=3, width=4, norm="batch")
+    forwards = []
+    for n in (3, 0, 3):
+        loop = make_loop(fedlight.create("fedavg"), _rgb_clients(), model, rounds=1, local_steps=1,
+                         clients_per_round=3, batch_size=4, client_parallelism="vmap", matmul_convs=n)
+        forwards.append(loop.runner.forward)
+    assert [len(f.matmul_convs) for f in forwards] == [1, 0, 1]
+    assert forwards[0] is forwards[2] and forwards[1] is not forwards[0]  # compiled code reused per selection
+    assert len(matmul_conv.selected(model)) == 1

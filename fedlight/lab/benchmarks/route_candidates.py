@@ -84,6 +84,10 @@ class BmmRunner(StackedRunner):
 class HalvesRunner(StackedRunner):
     """Each chunk as two stacked halves on two CUDA streams, their steps interleaved (on a CPU: no streams)."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.streams = Streams(self.setup.device)
+
     @property
     def description(self) -> str:
         return super().description + ", two halves on two streams"
@@ -97,9 +101,7 @@ class HalvesRunner(StackedRunner):
         dev = self.setup.device
         half = -(-len(jobs) // 2)
         parts = [jobs[:half], jobs[half:]]
-        if not hasattr(self, "_streams"):
-            self._streams = Streams(dev)
-        first, second = values(interleave([self.stepwise(p, info, buffers) for p in parts], self._streams.take(2),
+        first, second = values(interleave([self.stepwise(p, info, buffers) for p in parts], self.streams.take(2),
                                           dev))
         return first + second
 
