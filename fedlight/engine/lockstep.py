@@ -113,7 +113,7 @@ class Lockstep:
         when stacked unions cannot (``torch.compile``'s CUDA graphs)."""
         if self.streams == "off":
             return []
-        stacked = [p for p in parts if shares_chunk(p[0].pending) is not None]
+        stacked = [p for p in parts if _stacked(p[0].pending)]
         paused = [p for p in stacked if pausable(p[0].pending)]
         if not self._told and len(stacked) >= 2 and len(paused) < len(stacked):
             self._told = True
@@ -161,10 +161,14 @@ def pausable(work: Work) -> bool:
     not with ``torch.compile``'s own CUDA graphs (``reduce-overhead``): its graphs share one memory pool whose reuse
     follows the order of their replays on one stream, so graphs replayed side by side on two streams could
     overwrite each other's memory."""
+    return _stacked(work) and work.runner.forward.compile != "reduce-overhead"
+
+
+def _stacked(work: Work) -> bool:
+    """Whether ``work`` trains in a stacked runner (one that has not fallen back to the sequential runner)."""
     from fedlight.runners.stacked import StackedRunner
 
-    r = work.runner
-    return isinstance(r, StackedRunner) and r.sequential is None and r.forward.compile != "reduce-overhead"
+    return isinstance(work.runner, StackedRunner) and work.runner.sequential is None
 
 
 def _raising(error: Exception):
@@ -215,11 +219,9 @@ def shares_chunk(work: Work) -> tuple | None:
     """What the clients of several runs must agree on to train as one stacked chunk (``loop.matmul_convs``' choice of
     convolutions included); ``None`` when this run's clients cannot share one (its runner is not stacked, or has
     fallen back to the sequential runner)."""
-    from fedlight.runners.stacked import StackedRunner
-
-    r = work.runner
-    if not isinstance(r, StackedRunner) or r.sequential is not None:
+    if not _stacked(work):
         return None
+    r = work.runner
     s = r.setup
     model = tuple((k, tuple(v.shape), v.dtype) for k, v in [*s.model.named_parameters(), *s.model.named_buffers()])
     matmul = tuple(n for n, m in s.model.named_modules() if any(m is c for c in r.forward.matmul_convs))
