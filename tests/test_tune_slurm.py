@@ -76,8 +76,10 @@ def test_two_slurm_workers_share_a_study_and_a_requeued_workers_trial_resumes(on
     remover.start()
     try:
         on_slurm.start_now(job)
-        on_slurm.wait_for(lambda: all(on_slurm.job(j)["JobState"] == "COMPLETED" for j in workers()),
-                          "both worker jobs to complete", 300)
+        # the jobs' state alone was seen COMPLETED while a worker still ran its last trial (CI, 2026-11-29): wait for
+        # the study too
+        on_slurm.wait_for(lambda: all(on_slurm.job(j)["JobState"] == "COMPLETED" for j in workers()) and not any(
+            t.state == optuna.trial.TrialState.RUNNING for t in _trials(url)), "both worker jobs to complete", 300)
     finally:
         released.set()
         remover.join()
