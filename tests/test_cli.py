@@ -34,7 +34,7 @@ def test_ls_lists_every_algorithm(capsys):
         assert f"\n{name} " in "\n" + out
     assert cli.main(["ls"]) == 0
     out = capsys.readouterr().out
-    assert "fedlight.models.ResNet18" in out and "fedlight.data.Dirichlet" in out and "recipes/quickstart.yaml" in out
+    assert "fedlight.models.ResNet18" in out and "fedlight.data.Dirichlet" in out and "\nquickstart " in out
 
 
 def test_partition_report(capsys):

@@ -28,12 +28,13 @@ def _names(module: str, attr: str) -> list[str]:
     return list(getattr(mod, attr))
 
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+def bundled_table(kind: str) -> str:
+    """The bundled recipes or table specs: name (what ``--config``, ``reproduce`` and ``cp`` take) and what each
+    reproduces."""
+    from fedlight.config import locate
 
-
-def recipe_paths() -> list[Path]:
-    """Every recipe under ``recipes/`` (recursive), table specs excluded."""
-    return sorted(p for p in RECIPES.rglob("*.yaml") if "tables" not in p.parts) if RECIPES.exists() else []
+    rows = [(p.stem, locate.describe(p, kind)) for p in locate.bundled(kind)]
+    return _text_table(rows, ("name", "reproduces")) if rows else f"(no bundled {locate.PLURAL[kind]} found)"
 
 
 def _text_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
@@ -50,7 +51,8 @@ def listing(what: str = "all") -> str:
         "datasets": lambda: "\n".join(f"fedlight.data.{n}" for n in _names("fedlight.data", "DATASETS")),
         "partitioners": lambda: "\n".join(f"fedlight.data.{n}" for n in _names("fedlight.data", "PARTITIONERS")),
         "tasks": lambda: "\n".join(f"fedlight.tasks.{n}" for n in _names("fedlight.tasks", "TASKS")),
-        "recipes": lambda: "\n".join(str(p.relative_to(RECIPES.parent)) for p in recipe_paths()),
+        "recipes": lambda: bundled_table("recipe"),
+        "tables": lambda: bundled_table("table"),
     }
     if what == "all":
         return "\n\n".join(f"{k}:\n{v()}" for k, v in sections.items())
@@ -62,7 +64,7 @@ def listing(what: str = "all") -> str:
     return sections[what]()
 
 
-README = RECIPES.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"  # the repository's (a checkout only)
 _START, _END = "<!-- algorithms:start", "<!-- algorithms:end -->"
 
 

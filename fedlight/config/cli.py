@@ -28,7 +28,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
             "train one recipe:  fedlight fit --config recipes/X.yaml [--loop.rounds 3 ...]"),
     "lockstep": ("fedlight.config.group:cmd_lockstep", "train several runs in one process, round by round together: "
                  "fedlight lockstep FIT_FLAGS --seeds 0,1,2"),
-    "ls": ("fedlight.config.cli:cmd_ls", "list algorithms, models, datasets, partitioners, tasks and recipes"),
+    "ls": ("fedlight.config.cli:cmd_ls", "list algorithms, models, datasets, partitioners, tasks, recipes and "
+           "tables"),
+    "cp": ("fedlight.config.cli:cmd_cp", "copy a bundled recipe or table spec out to edit: fedlight cp NAME [DEST]"),
     "partition": ("fedlight.config.cli:cmd_partition",
                   "print per-client sizes and class histograms of a recipe's split"),
     "reproduce": ("fedlight.lab.tables.reproduce:cmd_reproduce", "run a paper table: fedlight reproduce TABLE.yaml"),
@@ -45,7 +47,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 USAGE = "usage: fedlight <command> [options]\n\ncommands:\n" + "".join(
     f"  {name:<10} {line}\n" for name, (_, line) in COMMANDS.items()) + \
-    "  help       this message (or: fedlight <command> --help)\n\n" + \
+    "  help       this message (or: fedlight <command> --help)\n" + \
+    "  --version  fedlight's version\n\n" + \
     textwrap.fill(f"fedlight fit {EXIT_STATUSES}", 100)
 
 
@@ -113,9 +116,9 @@ def _parse(prog: str, argv: list[str]):
     """Parse and instantiate a recipe + overrides; returns (init kwargs, resolved config YAML)."""
     from jsonargparse import ArgumentError
 
-    from fedlight.config import advice, flags
+    from fedlight.config import advice, flags, locate
 
-    argv = flags.resolve_names(argv)
+    argv = flags.resolve_names(locate.config_args(argv))  # --config quickstart: a bundled recipe by name
     flags.check_keys(argv)
     helps = any(a in ("-h", "--help") for a in argv)
     parser = _parser(prog, docs=helps or any(a.startswith("--print_config") for a in argv))
@@ -207,6 +210,34 @@ def cmd_ls(argv: list[str]) -> int:
     return 0
 
 
+def cmd_cp(argv: list[str]) -> int:
+    """``fedlight cp NAME [DEST]``: a recipe or table spec (found as ``--config`` finds one) copied to ``DEST`` (a
+    folder, default the working directory, or a file name); an existing file is never overwritten."""
+    import argparse
+
+    from fedlight.config import locate
+
+    p = argparse.ArgumentParser(prog="fedlight cp", description=cmd_cp.__doc__.split(": ", 1)[1])
+    p.add_argument("name", help="a recipe or table spec: its name (fedlight ls recipes / tables) or path")
+    p.add_argument("dest", nargs="?", default=".", help="folder or file name to copy to (default: .)")
+    a = p.parse_args(argv)
+    src = locate.find(a.name, "recipe", "table")
+    dest = Path(a.dest)
+    if a.dest.endswith(("/", os.sep)) or dest.is_dir():
+        dest = dest / src.name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with dest.open("xb") as f:
+            f.write(src.read_bytes())
+    except FileExistsError:
+        raise ConfigError(f"{dest} exists; not overwritten (remove it, or give another DEST: fedlight cp {a.name} "
+                          "DEST)") from None
+    table = src.parent.name == "tables"
+    run = f"fedlight reproduce {dest} --dry-run" if table else f"fedlight fit --config {dest}"
+    print(f"copied {src} to {dest}; edit it, then: {run}")
+    return 0
+
+
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """fedlight's own warnings as one ``fedlight: warning: ...`` line; others as Python prints them."""
@@ -251,6 +282,11 @@ def _main(argv: list[str] | None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
+    if argv[0] in ("--version", "-V"):
+        from fedlight import __version__
+
+        print(f"fedlight {__version__}")
+        return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
         print(f"fedlight: error: unknown command {cmd!r}{closest(cmd, COMMANDS)} (commands: {', '.join(COMMANDS)})",
@@ -291,10 +327,6 @@ def _rank() -> int:
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     return getattr(rank_zero_only, "rank", 0)
-
-
-def recipes_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "recipes"
 
 
 if __name__ == "__main__":

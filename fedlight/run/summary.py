@@ -98,6 +98,10 @@ def format_metric(key: str, value: float | None) -> str:
 
 
 def git_revision() -> str | None:
+    """The commit of the fedlight checkout this runs from; None for an installed wheel (whose folder may sit inside
+    some other repository, e.g. a project's .venv)."""
+    if not (Path(__file__).resolve().parents[2] / ".git").exists():
+        return None
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
                              cwd=Path(__file__).resolve().parent)

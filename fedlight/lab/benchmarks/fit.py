@@ -187,8 +187,10 @@ def fit_wall(reps: int = 6, rounds: int = 5, recipe: str = RECIPE, workdir: str 
     """``reps`` interleaved pairs of fresh processes (the order alternates so drift cancels); see the module doc."""
     import torch
 
+    from fedlight.config import locate
+
     root = Path(workdir or tempfile.mkdtemp(prefix="fedlight-bench-fit-"))
-    here = Path(recipe) if Path(recipe).exists() else Path(__file__).resolve().parents[3] / recipe
+    here = locate.find(recipe)
     root.mkdir(parents=True, exist_ok=True)
     config = shortened(here, rounds, root / "recipe.yaml", tiny)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedlight.config.cli import recipes_dir
+import fedlight
 from fedlight.errors import ConfigError, check
 from fedlight.lab.tables import gpu_share
 from fedlight.lab.tables import report as rep
@@ -148,7 +148,7 @@ def outcome(run: Run, rc: int) -> str:
 def run_env(jobs: int) -> dict[str, str]:
     """The environment of the ``fedlight fit`` processes: this fedlight first on the path, CPU threads shared; each
     stops (``SIGTERM``) if this process dies (:func:`fedlight.run.stops.die_with_parent`)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(recipes_dir().parent),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(fedlight.__file__).parents[1]),
                                                                      os.environ.get("PYTHONPATH")])),
                FEDLIGHT_PARENT_PID=str(os.getpid()))
     if jobs > 1 and "OMP_NUM_THREADS" not in env:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedlight.config.cli import recipes_dir
+from fedlight.config import locate
 from fedlight.errors import ConfigError, check
 from fedlight.lab.tables import report as rep
 
@@ -55,11 +55,8 @@ class Cell:
 
 # ------------------------------------------------------------------------------------------------ the spec
 def find_spec(name: str) -> Path:
-    p = Path(name)
-    for cand in (p, recipes_dir() / "tables" / p, recipes_dir() / "tables" / f"{name}.yaml"):
-        if cand.is_file():
-            return cand
-    raise ConfigError(f"table spec {name!r} not found (looked at {p} and {recipes_dir() / 'tables'})")
+    """The spec ``name`` names: a path, else a name under ./recipes/tables/, else a bundled one (:mod:`locate`)."""
+    return locate.find(name, "table")
 
 
 def load_spec(path: Path) -> dict[str, Any]:
@@ -138,8 +135,8 @@ def _is_lightning_module(path: str | None) -> bool:
 
 
 def base_path(spec: dict[str, Any]) -> Path:
-    p = Path(spec["base"])
-    return p if p.is_file() else recipes_dir().parent / p
+    """The spec's base recipe, found as ``--config`` finds one (``recipes/X.yaml``: ./recipes/, then the bundled)."""
+    return locate.find(spec["base"], "recipe")
 
 
 def cells(spec: dict[str, Any]) -> list[Cell]:
