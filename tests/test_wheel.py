@@ -129,7 +129,8 @@ def test_an_installed_wheel_runs_from_an_empty_directory(venv, tmp_path, monkeyp
     refused = fedlight_("cp", "quickstart", ".", ok=False)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "exists; not overwritten" in refused.stderr
     fedlight_("cp", "fednsam_table2", "mine.yaml")
-    assert fedlight_("reproduce", "mine.yaml", "--dry-run", "--cells", "fedavg/*", "--out", "t").stdout.splitlines() == dry
+    mine = fedlight_("reproduce", "mine.yaml", "--dry-run", "--cells", "fedavg/*", "--out", "t").stdout
+    assert mine.splitlines() == dry
 
     missing = fedlight_("fit", "--config", "quickstrat", ok=False)
     assert missing.returncode == 2 and "closest bundled: quickstart" in missing.stderr
