@@ -217,7 +217,9 @@ def cmd_cp(argv: list[str]) -> int:
 
     from fedlight.config import locate
 
-    p = argparse.ArgumentParser(prog="fedlight cp", description=cmd_cp.__doc__.split(": ", 1)[1])
+    p = argparse.ArgumentParser(prog="fedlight cp", description="Copy a recipe or table spec (found as --config "
+                                "finds one: a path, ./recipes/, the installed ones) to DEST, to edit it. An existing "
+                                "file is never overwritten.")
     p.add_argument("name", help="a recipe or table spec: its name (fedlight ls recipes / tables) or path")
     p.add_argument("dest", nargs="?", default=".", help="folder or file name to copy to (default: .)")
     a = p.parse_args(argv)
