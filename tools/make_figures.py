@@ -186,8 +186,64 @@ def fedcm_client_beta() -> Path:
     return _save(fig, "fedcm_client_beta.png")
 
 
+def performance_pairs() -> Path:
+    """The per-pair round-time ratios of fedlight, a minimal PyTorch loop and pfl-research, as printed verbatim in
+    ``results/performance.md`` (§11.7's bench output)."""
+    text = (RESULTS / "performance.md").read_text()
+    pairs = {}
+    for label, pattern in (("fedlight / minimal", r"fedlight / minimal: median round ratio .*?\[([0-9., ]+)\], 96"),
+                           ("pfl-research / fedlight", r"pfl / fedlight: median round ratio .*?\[([0-9., ]+)\], 96")):
+        pairs[label] = [float(v) for v in re.search(pattern, text).group(1).split(",")]
+    fig, ax = plt.subplots(figsize=(7, 2.4))
+    for i, (label, values) in enumerate(pairs.items()):
+        ax.scatter(values, [i] * len(values), alpha=0.6, s=25)
+        ax.plot([statistics.median(values)] * 2, [i - 0.3, i + 0.3], color="black", linewidth=2)
+    ax.axvline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_yticks(range(len(pairs)), list(pairs))
+    ax.set(xlabel="ratio of median round times, per interleaved pair (bar: median of 15 pairs)", ylim=(-0.6, 1.6),
+           title="One FedAvg round, MLP on Fashion-MNIST, 2-core CPU, 1 thread")
+    ax.title.set_fontsize(10)
+    ax.grid(axis="x", alpha=0.3)
+    return _save(fig, "performance_pairs.png")
+
+
+def rule_timing() -> Path:
+    """Seconds per round of every rule relative to FedAvg: the table of ``results/rule_timing.md``."""
+    table = [ln.split("|")[1:-1] for ln in (RESULTS / "rule_timing.md").read_text().splitlines()
+             if re.match(r"\| [a-z_]+ \| [12] \|", ln)]
+    table.sort(key=lambda c: float(c[3]))
+    fig, ax = plt.subplots(figsize=(8, 3))
+    colors = ["#1f77b4" if c[1].strip() == "1" else "#d62728" for c in table]
+    ax.bar([c[0].strip() for c in table], [float(c[3]) for c in table], color=colors)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(table)), [c[0].strip() for c in table], rotation=60, ha="right", fontsize=7)
+    ax.set(ylabel="× FedAvg's round", title="Seconds per round relative to FedAvg (blue: one backprop a step, "
+           "red: two), MLP, CPU")
+    ax.title.set_fontsize(10)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, "rule_timing.png")
+
+
+def gpu_morning_partial() -> Path:
+    """Test accuracy of the LeNet-5 CIFAR-10 runs of the first GPU window, 16 side by side, mean over the seeds of
+    each row: ``results/gpu_window_2026-11-28/partial_test_acc.csv``."""
+    by_row: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in _rows(RESULTS / "gpu_window_2026-11-28" / "partial_test_acc.csv"):
+        by_row[r["row"]][int(r["round"])].append(100 * float(r["test_acc"]))
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    for row, pts in sorted(by_row.items()):
+        rounds = sorted(pts)
+        ax.plot(rounds, [statistics.fmean(pts[k]) for k in rounds], linewidth=1.1, label=row)
+    ax.set(xlabel="round", ylabel="test accuracy (%)",
+           title="LeNet-5, CIFAR-10, Dir(0.6): where the first window's runs stood (mean over the seeds that ran)")
+    ax.title.set_fontsize(10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=3)
+    return _save(fig, "gpu_window_partial.png")
+
+
 FIGURES = [fmnist_curves, table1_measured_vs_paper, algorithms_50_rounds, privacy_curves, lockstep_partial,
-           fedcm_client_beta]
+           fedcm_client_beta, performance_pairs, rule_timing, gpu_morning_partial]
 
 
 def main(argv: list[str] | None = None) -> int:
