@@ -247,14 +247,17 @@ FIGURES = [fmnist_curves, table1_measured_vs_paper, algorithms_50_rounds, privac
 
 
 def main(argv: list[str] | None = None) -> int:
+    global OUT
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="fail if a picture is 300 kB or more")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "img", help="folder for the pictures (default docs/img)")
     args = p.parse_args(argv)
+    OUT = args.out
     too_big = []
     for make in FIGURES:
         path = make()
         size = path.stat().st_size
-        print(f"{path.relative_to(ROOT)}  {size / 1000:.0f} kB")
+        print(f"{path}  {size / 1000:.0f} kB")
         if size >= MAX_BYTES:
             too_big.append(path.name)
     if args.check and too_big:
