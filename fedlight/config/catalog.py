@@ -23,6 +23,54 @@ def algorithm_table_markdown() -> str:
     return head + "".join(f"| {' | '.join(r)} |\n" for r in algorithm_rows())
 
 
+# The README's table: the rules by family, one row per paper, its link where the paper (or one citing it) gives one.
+_ARXIV, _DOI = "https://arxiv.org/abs/", "https://doi.org/"
+FRONT_ROWS: list[tuple[str, tuple[str, ...], str, str]] = [
+    ("baseline", ("fedavg",), "average the clients' models after K local SGD steps", ""),
+    ("baseline", ("fedprox",), "a proximal term keeps each client near the global model", ""),
+    ("baseline", ("scaffold",), "control variates correct each client's drift", ""),
+    ("baseline", ("feddyn",), "a per-client dynamic regularizer aligns local and global optima", ""),
+    ("server momentum", ("fedavgm",), "heavy-ball momentum on the averaged update", _ARXIV + "1909.06335"),
+    ("server momentum", ("fedacg",), "clients start from a look-ahead point along the server momentum", ""),
+    ("server adaptive", ("fedadam",), "the server takes an Adam step with the averaged update", ""),
+    ("client momentum", ("fedcm",), "each local step mixes the gradient with the last global update",
+     _ARXIV + "2106.10874"),
+    ("client momentum", ("fedcm_client",), "every client keeps its own heavy-ball buffer across rounds", ""),
+    ("sharpness-aware", ("fedsam",), "local SAM: step from the worst point in a ρ-ball", ""),
+    ("sharpness-aware", ("fedasam",), "adaptive (scale-invariant) SAM locally", ""),
+    ("sharpness-aware", ("mofedsam",), "FedCM's momentum mix with SAM gradients", ""),
+    ("sharpness-aware", ("fedgamma",), "SAM with SCAFFOLD's drift correction", ""),
+    ("sharpness-aware", ("fedspeed",), "SAM with a FedDyn-style prox-correction", ""),
+    ("sharpness-aware", ("fedsmoo",), "SAM whose perturbation a primal-dual pair aligns with a global one", ""),
+    ("sharpness-aware", ("fedlesam", "fedlesam_s", "fedlesam_d"),
+     "perturb along the last global move: one backprop a step", _ARXIV + "2405.18890"),
+    ("sharpness-aware", ("fednsam", "fednsam_s", "fednsam_d"),
+     "perturb and extrapolate along the server momentum: one backprop a step", _DOI + "10.1145/3746027.3755226"),
+    ("sharpness-aware", ("fedwmsam",), "perturb toward a point extrapolated along a SCAFFOLD-personalized momentum,"
+     " mixed with it by an adaptive weight", _ARXIV + "2511.22080"),
+    ("weight averaging", ("fedswa", "fedmoswa"),
+     "a decaying local lr inside the round (SWA); FedMoSWA adds momentum and control variates", ""),
+    ("adaptive", ("fedadamw",), "local AdamW starting from the server's block means of v, plus the global direction",
+     _ARXIV + "2510.27486"),
+    ("adaptive", ("fedlada",), "local Adam amended by the last global step", _ARXIV + "2308.00522"),
+    ("adaptive", ("local_adam", "local_adamw"), "a fresh Adam / AdamW on every client each round", ""),
+]
+
+
+def readme_table_markdown() -> str:
+    """The README's algorithm table: :data:`FRONT_ROWS`, then any registered rule they do not name."""
+    from fedlight import get_algorithm, list_algorithms
+
+    rows, named = list(FRONT_ROWS), {n for _, names, _, _ in FRONT_ROWS for n in names}
+    rows += [("other", (n,), "", "") for n in list_algorithms() if n not in named]
+    out = "| family | `--algorithm` | paper | idea |\n|---|---|---|---|\n"
+    for family, names, idea, url in rows:
+        paper = get_algorithm(names[0]).paper
+        rules = ", ".join(f"`{n}`" for n in names)
+        out += f"| {family} | {rules} | {f'[{paper}]({url})' if url else paper} | {idea} |\n"
+    return out
+
+
 def _names(module: str, attr: str) -> list[str]:
     mod = __import__(module, fromlist=[attr])
     return list(getattr(mod, attr))
@@ -73,7 +121,7 @@ def readme_with_table(text: str) -> str:
     head, rest = text.split(_START, 1)
     marker_line, _, tail = rest.partition("\n")
     _, _, after = tail.partition(_END)
-    return f"{head}{_START}{marker_line}\n{algorithm_table_markdown()}{_END}{after}"
+    return f"{head}{_START}{marker_line}\n{readme_table_markdown()}{_END}{after}"
 
 
 if __name__ == "__main__":  # python -m fedlight.config.catalog  → refresh the README's algorithm table

@@ -144,7 +144,7 @@ def cpu_threads(accelerator: str) -> None:
     """On CPU, one intra-op thread per process unless ``OMP_NUM_THREADS`` says otherwise.
 
     fedlight's CPU work is many small steps, where extra threads mostly wait on each other (and on other programs: the
-    quickstart measured in README.md runs an order of magnitude slower with torch's default thread count on a busy
+    quickstart measured in results/test_suite.md ran 5–25 times slower with torch's default thread count on a busy
     machine). Processes launched for ``--devices N`` inherit the setting, so 1 and N processes compute alike.
     """
     if "OMP_NUM_THREADS" in os.environ:

@@ -12,7 +12,7 @@ A write that fails during the run (disk full, a read-only remount, the run direc
 :func:`disk_guard`: the TensorBoard writer and the background checkpoint writer are stopped without printing their
 own tracebacks, and one :class:`RunDirError` names the file that failed and the last complete checkpoint.
 
-Exit statuses of ``fedlight fit`` (also in ``fedlight --help``, README.md and docs/clusters.md):
+Exit statuses of ``fedlight fit`` (also in ``fedlight --help`` and docs/clusters.md):
 
 ====  ======================================================================================================
 0     finished
