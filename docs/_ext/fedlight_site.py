@@ -4,9 +4,9 @@
   ``MODULE.FUNCTION()`` returns (the command line and the settings come from the parsers:
   :mod:`fedlight.config.reference`; the algorithm table from :mod:`fedlight.config.catalog`), so a reference page
   cannot drift from the code.
-* ``fedlight_nav`` (``docs/conf.py``): the site's sections, each a list of pages, become hidden toctrees of the root
-  page (the sidebar). A page named there must exist, except those listed in ``fedlight_nav_optional`` (pages that
-  other work adds; they appear once they exist).
+* ``fedlight_nav`` (``docs/nav.yaml``, read by ``docs/conf.py``): the site's sections, each a list of pages, become
+  hidden toctrees of the root page (the sidebar). A page named there must exist, except those listed in
+  ``fedlight_nav_optional`` (pages that other work adds; they appear once they exist).
 * The HTML build gets an ``index.html`` at its top that forwards to the root page.
 """
 

@@ -140,5 +140,7 @@ def settings_markdown() -> str:
     rows = [(f"`{k}`", kind(k), f"`{t}`" if t else "", f"`{d}`", h) for k, t, d, h in setting_rows(fit_parser())]
     privacy = [(f"`{k}`", kind(k), f"`{t}`" if t else "", f"`{d}`", h) for k, t, d, h in
                setting_rows(privacy_parser())]
-    return ("## Every key\n\n" + _table(rows, header) + "\n## The `privacy` section\n\nThe keys of the `privacy` section (`--privacy.KEY`; "
-            "setting any of them turns differential privacy on).\n\n" + _table(privacy, header))
+    privacy_intro = ("The keys of the `privacy` section (`--privacy.KEY`; setting any of them turns differential "
+                     "privacy on).")
+    return (f"## Every key\n\n{_table(rows, header)}\n## The `privacy` section\n\n{privacy_intro}\n\n"
+            f"{_table(privacy, header)}")
