@@ -32,7 +32,8 @@ root_doc = "docs/index"
 source_suffix = {".md": "markdown"}
 # only docs/ and the results pages are sources; everything else at the top is left out of the walk
 include_patterns = ["docs/**", "results/*.md"]
-exclude_patterns = ["docs/README.md", "docs/_ext/**", "docs/_build/**", "**/.ipynb_checkpoints"]
+exclude_patterns = ["docs/README.md", "docs/_ext/**", "docs/_build/**", "**/.ipynb_checkpoints",
+                    *(p.name for p in ROOT.iterdir() if p.name not in ("docs", "results"))]  # not walked at all
 
 myst_enable_extensions = ["colon_fence", "deflist", "dollarmath", "attrs_inline"]
 myst_heading_anchors = 4

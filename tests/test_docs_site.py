@@ -157,3 +157,23 @@ def test_every_user_page_is_in_the_navigation():
     pages -= {"README", "index"} | {p for p in pages if p.startswith("reference/api/") and p != "reference/api/index"}
     assert pages <= set(listed), f"pages missing from fedlight_nav: {sorted(pages - set(listed))}"
     assert set(listed) - pages <= set(nav.get("optional", ())), "docs/nav.yaml names a page that is not there"
+
+
+def test_the_sidebar_takes_an_optional_page_once_it_exists_and_refuses_a_missing_one(tmp_path):
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("fedlight_site", DOCS / "_ext" / "fedlight_site.py")
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# A\n")
+    config = SimpleNamespace(root_doc="docs/index", fedlight_nav={"Tutorials": ["a", "later"]},
+                             fedlight_nav_optional=("later",))
+    app = SimpleNamespace(srcdir=str(tmp_path), config=config)
+    assert ext.nav_markdown(app) == "\n:::{toctree}\n:hidden:\n:caption: Tutorials\n\na\n:::\n"
+    (tmp_path / "docs" / "later.md").write_text("# Later\n")
+    assert "\na\nlater\n:::" in ext.nav_markdown(app)
+    config.fedlight_nav_optional = ()
+    (tmp_path / "docs" / "later.md").unlink()
+    with pytest.raises(FileNotFoundError, match="later.md"):
+        ext.nav_markdown(app)
