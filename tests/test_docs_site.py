@@ -177,3 +177,15 @@ def test_the_sidebar_takes_an_optional_page_once_it_exists_and_refuses_a_missing
     (tmp_path / "docs" / "later.md").unlink()
     with pytest.raises(FileNotFoundError, match="later.md"):
         ext.nav_markdown(app)
+
+
+def test_a_link_to_a_repository_file_the_site_lacks_becomes_its_path_and_a_missing_one_stays_a_link():
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("fedlight_site", DOCS / "_ext" / "fedlight_site.py")
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    app = SimpleNamespace(srcdir=str(ROOT), env=SimpleNamespace(found_docs={"docs/design", "docs/page"}))
+    text = "[the README](../README.md), [`recipes/README.md`](../recipes/README.md), [gone](gone.md), [d](design.md#x)"
+    assert ext.outside_links(app, "docs/page", text) == \
+        "the README (`README.md`), `recipes/README.md`, [gone](gone.md), [d](design.md#x)"

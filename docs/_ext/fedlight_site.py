@@ -7,6 +7,9 @@
 * ``fedlight_nav`` (``docs/nav.yaml``, read by ``docs/conf.py``): the site's sections, each a list of pages, become
   hidden toctrees of the root page (the sidebar). A page named there must exist, except those listed in
   ``fedlight_nav_optional`` (pages that other work adds; they appear once they exist).
+* A link to a Markdown file of the repository that the site does not contain (the project's ``README.md``,
+  ``recipes/README.md``) becomes the file's path in code: the site has no page to send the reader to, and a link to
+  a file that does not exist at all still fails the build.
 * The HTML build gets an ``index.html`` at its top that forwards to the root page.
 """
 
@@ -17,6 +20,7 @@ import re
 from pathlib import Path
 
 GENERATED = re.compile(r"<!-- generated: ([\w.]+):(\w+) -->")
+MD_LINK = re.compile(r"\[([^\]\n]*)\]\(([^)\s:#]+\.md)(#[^)\s]*)?\)")
 
 
 def generated(match: re.Match) -> str:
@@ -38,8 +42,27 @@ def nav_markdown(app) -> str:
     return "".join(out)
 
 
+def outside_links(app, docname: str, text: str) -> str:
+    """``text`` with its links to repository Markdown files that are not pages of the site as ``label (`path`)``."""
+    src = Path(app.srcdir).resolve()
+    here = (src / docname).parent
+
+    def replace(m: re.Match) -> str:
+        target = (here / m[2]).resolve()
+        try:
+            rel = target.relative_to(src)
+        except ValueError:
+            return m[0]
+        if not target.is_file() or rel.with_suffix("").as_posix() in app.env.found_docs:
+            return m[0]  # a page of the site, or a file that is not there (the build says so)
+        label = m[1].strip()
+        return f"{label} (`{rel.as_posix()}`)" if label.strip("`") != rel.as_posix() else f"`{rel.as_posix()}`"
+
+    return MD_LINK.sub(replace, text)
+
+
 def source_read(app, docname: str, source: list[str]) -> None:
-    text = GENERATED.sub(generated, source[0])
+    text = outside_links(app, docname, GENERATED.sub(generated, source[0]))
     if docname == app.config.root_doc:
         text += nav_markdown(app)
     source[0] = text
