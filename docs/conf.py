@@ -42,7 +42,6 @@ suppress_warnings = []
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_class_signature = "separated"
 napoleon_numpy_docstring = False  # the docstrings are Google style (Args:)
 napoleon_use_ivar = True  # "Attributes:" as fields, so an attribute with its own docstring is described once
 

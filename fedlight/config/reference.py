@@ -2,8 +2,8 @@
 site renders them while it builds, so they cannot drift from what ``fedlight`` accepts).
 
 ``cli_markdown()``: every subcommand with its ``--help``; ``settings_markdown()``: every key of a recipe (= every
-``fedlight fit`` flag) with its type, default and help, marked defining or execution-only, and the
-``privacy`` section's keys.
+``fedlight fit`` flag) with its type, default and help, marked defining or execution-only, the ``loop`` and
+``privacy`` sections' keys included.
 """
 
 from __future__ import annotations
@@ -119,16 +119,17 @@ def privacy_parser():
     return p
 
 
-def _table(rows: Iterable[tuple[str, ...]], header: tuple[str, ...]) -> str:
-    def cell(text: str) -> str:  # a bar inside a code span (`int | None`) would still split the cell
-        return re.sub(r"(?<!\\)\|", r"\\|", text)
-
-    out = "| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n"
-    return out + "".join("| " + " | ".join(cell(c) for c in r) + " |\n" for r in rows)
+def _entries(rows: Iterable[tuple[str, str, str, str]], kind) -> str:
+    """A definition list: per key its type, default and kind, then its help."""
+    out = []
+    for key, typ, default, help_text in rows:
+        typ = f" · `{typ}`" if typ else ""
+        out.append(f"`{key}`{typ} · default `{default}`\n: *{kind(key)}.* {help_text}\n")
+    return "\n".join(out)
 
 
 def settings_markdown() -> str:
-    """Every recipe key / ``fedlight fit`` flag in one table, then the ``privacy`` keys."""
+    """Every recipe key / ``fedlight fit`` flag: the run's own keys, the ``loop`` keys, the ``privacy`` keys."""
     from fedlight.run.directory import EXECUTION_ONLY
 
     def kind(key: str) -> str:
@@ -136,11 +137,11 @@ def settings_markdown() -> str:
             return "defining"
         return "execution-only (defining under the cosine schedule)" if key == "loop.rounds" else "execution-only"
 
-    header = ("key (recipe) / `--key` (flag)", "kind", "type", "default", "what it does")
-    rows = [(f"`{k}`", kind(k), f"`{t}`" if t else "", f"`{d}`", h) for k, t, d, h in setting_rows(fit_parser())]
-    privacy = [(f"`{k}`", kind(k), f"`{t}`" if t else "", f"`{d}`", h) for k, t, d, h in
-               setting_rows(privacy_parser())]
-    privacy_intro = ("The keys of the `privacy` section (`--privacy.KEY`; setting any of them turns differential "
-                     "privacy on).")
-    return (f"## Every key\n\n{_table(rows, header)}\n## The `privacy` section\n\n{privacy_intro}\n\n"
-            f"{_table(privacy, header)}")
+    rows = list(setting_rows(fit_parser()))
+    top = [r for r in rows if not r[0].startswith("loop.")]
+    loop = [r for r in rows if r[0].startswith("loop.")]
+    return (f"## The run\n\n{_entries(top, kind)}\n"
+            f"## `loop`\n\nThe federated loop: rounds, sampling, local steps and optimizer, schedules, evaluation, "
+            f"checkpoints and how clients are run.\n\n{_entries(loop, kind)}\n"
+            f"## `privacy`\n\nThe keys of the `privacy` section (`--privacy.KEY`; setting any of them turns "
+            f"differential privacy on).\n\n{_entries(setting_rows(privacy_parser()), kind)}")
