@@ -1,4 +1,5 @@
-"""Every code block in docs/*.md runs, and docs/algorithms.md is the generated table.
+"""Every code block in docs/ (docs/*.md and its folders) runs, docs/algorithms.md is the generated table, and the
+user pages (all but docs/contributing/) cite no issue numbers or dated diaries.
 
 Conventions for doc authors:
 
@@ -15,6 +16,7 @@ Conventions for doc authors:
   (for later blocks to import or pass as ``--config``), not executed.
 * ```` ```text ```` blocks are example output and are not run.
 * A block preceded by ``<!-- not-run: REASON -->`` is skipped; the reason must say why it cannot run here.
+* ```` ```{directive} ```` blocks (MyST directives of the documentation site, e.g. ``{eval-rst}``) are not code.
 
 Regenerate docs/algorithms.md after registering an algorithm: ``python tests/test_docs.py``.
 """
@@ -58,31 +60,54 @@ def blocks(path: Path) -> list[Block]:
     text = path.read_text()
     out = []
     for m in FENCE.finditer(text):
+        if not m.group(1) and m.group(2).strip().startswith("{"):  # a directive of the site, e.g. {eval-rst}
+            continue
         attrs = dict(a.split("=", 1) for a in m.group(2).split() if "=" in a)
         before = text[: m.start()].rstrip("\n")
         last = before.rsplit("\n", 1)[-1]
         skip = NOT_RUN.search(last)
-        out.append(Block(path.name, text.count("\n", 0, m.start()) + 1, m.group(1), attrs.get("file"), m.group(3),
+        out.append(Block(doc_name(path), text.count("\n", 0, m.start()) + 1, m.group(1), attrs.get("file"), m.group(3),
                          skip.group(1) if skip else None))
     return out
 
 
+def doc_name(path: Path) -> str:
+    return path.relative_to(DOCS).as_posix()
+
+
 def doc_paths() -> list[Path]:
-    return sorted(DOCS.glob("*.md"))
+    """Every page under docs/ (the site's own folders, ``_ext`` and ``_build``, left out)."""
+    return sorted(p for p in DOCS.rglob("*.md") if not p.relative_to(DOCS).parts[0].startswith("_"))
+
+
+def user_pages() -> list[Path]:
+    """The pages a user reads: all but docs/contributing/ (how fedlight itself is worked on)."""
+    return [p for p in doc_paths() if p.relative_to(DOCS).parts[0] != "contributing"]
 
 
 def runnable_docs() -> list[str]:
-    return [p.name for p in doc_paths() if any(b.lang in RUNNABLE or b.file for b in blocks(p))]
+    return [doc_name(p) for p in doc_paths() if any(b.lang in RUNNABLE or b.file for b in blocks(p))]
 
 
 # ------------------------------------------------------------------------------------------------ structure
 def test_docs_exist_and_are_indexed():
-    names = {p.name for p in doc_paths()}
+    names = {doc_name(p) for p in doc_paths()}
     assert {"adding_an_algorithm.md", "bring_your_own_data.md", "multi_gpu.md", "reproducing_tables.md",
-            "algorithms.md", "README.md"} <= names
-    index = (DOCS / "README.md").read_text()
-    for name in names - {"README.md"}:
+            "algorithms.md", "README.md", "index.md", "glossary.md", "contributing/index.md"} <= names
+    index = (DOCS / "README.md").read_text()  # the folder's page on a code host: every top-level page
+    for name in {n for n in names if "/" not in n} - {"README.md"}:
         assert f"({name})" in index, f"docs/README.md does not link {name}"
+
+
+ISSUE = re.compile(r"\bissues? (?:#?\d+)|(?<![\w&/`])#\d+\b|\b20\d\d-[01]\d-[0-3]\d\b", re.I)
+"""An issue number (``issue 42``, ``#42``) or a date (``2026-11-28``): a work diary, not a user's page."""
+
+
+def test_user_pages_cite_no_issue_numbers_or_dates():
+    found = [f"{doc_name(p)}:{p.read_text().count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+             for p in user_pages() for m in ISSUE.finditer(p.read_text())]
+    assert not found, "user pages speak to users (issue numbers, dated timings and work plans go to " \
+                      "docs/contributing/ or results/):\n" + "\n".join(found)
 
 
 def test_every_block_runs_or_says_why_not():
@@ -104,7 +129,7 @@ def test_every_block_runs_or_says_why_not():
 def test_links_between_docs_resolve():
     for path in doc_paths():
         for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", path.read_text()):
-            assert (path.parent / target).is_file(), f"{path.name} links to missing {target}"
+            assert (path.parent / target).is_file(), f"{doc_name(path)} links to missing {target}"
 
 
 # ------------------------------------------------------------------------------------------------ the table

@@ -32,7 +32,7 @@
 # GPU; 1 forces it, 0 leaves it off, column puts a column's runs in one process), the runs of a phase train in
 # lockstep groups (FEDLIGHT_LOCKSTEP_STREAMS=on|off|auto reaches their `fedlight lockstep --streams`). MPS=1 runs
 # them under an MPS daemon of this call (quit after them; one line if there is none).
-# docs/reproducing_tables.md gives the exact `run` calls. Variables: PER_GPU (auto), SEEDS (3), CELLS, RESTORE_FROM,
+# docs/contributing/gpu_table.md gives the exact `run` calls. Variables: PER_GPU (auto), SEEDS (3), CELLS, RESTORE_FROM,
 # RESUME_FROM (.gpu/resume), RESUME_PARTS (4), PYTHON, FIT_ARGS (how the runs execute; default "--loop.save_every 25":
 # a checkpoint every 25 rounds, and one whenever a run is stopped, instead of one per round from 16 processes at
 # once). Next window, try FIT_ARGS="--loop.save_every 25 --loop.client_parallelism vmap" (one LeNet-5 run alone:

@@ -37,7 +37,7 @@ NAME = "resume.tar.gz"
 WHOLE, PART = 16 * MIB, 15 * MIB  # an archive up to WHOLE stays one file; above, parts of PART
 CALL_FILES, CALL_BYTES = 8, 63 * MIB  # what one call brings back (64 MiB, less a margin for the log's last lines)
 PARTS = 4
-"""Default most parts: four of 15 MiB; they ride in calls of their own (docs/reproducing_tables.md)."""
+"""Default most parts: four of 15 MiB; they ride in calls of their own (docs/contributing/gpu_table.md)."""
 SIDE = ("metrics.jsonl", "config.yaml", "reproduce.json", "job.json")
 LEVEL = 1  # float32 weights deflate by ~9 % at any level: the fastest one, also for the size estimate
 
