@@ -13,8 +13,7 @@ seed and the precision plugin. With the same model, batches, sampling and settin
 Your loop keeps the server half (``server.broadcast`` and ``server.update``) and the data::
 
     trainer = ClientTrainer(fabric, model, algo, cross_entropy)
-    x = trainer.x0
-    algo.server.setup(x)
+    x = trainer.x0  # algo.server is set up for it
     for r in range(rounds):
         info = RoundInfo(round=r, lr=lr, num_steps=K, num_clients=N, sampled=sample_clients(N, S, seed, r))
         results = [trainer.train(c, algo.server.broadcast(x, info, c), loaders[c], info) for c in info.sampled]
@@ -99,7 +98,9 @@ class ClientTrainer:
                                 max_grad_norm=cfg.clip_norm, weight_decay=cfg.weight_decay, seed=seed, task=task)
         self.runner = SequentialRunner(self.setup)
         self.x0: Params = P.clone(P.trainable(model))
-        """``x_0``: the model's trainable parameters as converted (a copy): the global model to start from."""
+        """``x_0``: the model's trainable parameters as converted (a copy), the global model to start from; the
+        server rule is set up for it (``algorithm.server.setup(x0)``, as ``fit`` does)."""
+        algorithm.server.setup(self.x0)
         self.buffers: Params = P.clone(P.float_buffers(model))
         """The round's floating-point buffers (BatchNorm statistics): every client starts from them;
         :meth:`aggregate` replaces them with the clients' weighted mean."""
@@ -108,6 +109,7 @@ class ClientTrainer:
         self.last: Reduced | None = None
         """The last :meth:`aggregate`'s float64 means (``train_loss``, ``delta_sqnorm``, byte ``counters``)."""
         self._pending: dict[int, ClientOutcome] = {}
+        self._round = 0
 
     def train(self, client_id: int, broadcast: Broadcast, batches: Iterable[Any], info: RoundInfo, *,
               num_steps: int | None = None, num_samples: int | None = None) -> ClientResult:
@@ -144,7 +146,7 @@ class ClientTrainer:
         if num_samples is None:
             out.result.num_samples = job.num_samples = seen[0]
         self.states.put(client_id, out.state)
-        self._pending[id(out.result)] = out
+        self._pending[id(out.result)], self._round = out, info.round
         return out.result
 
     def aggregate(self, results: Sequence[ClientResult]) -> ClientResult:
@@ -165,7 +167,8 @@ class ClientTrainer:
         for o in outs:
             acc.add(o, float(o.result.num_samples) if samples else 1.0, o.buffers if cfg.aggregate_buffers else {},
                     bytes_down=o.job.broadcast.nbytes(), bytes_up=o.result.nbytes())
-        self.last = red = acc.reduce(None)
+        hook, r = getattr(server, "privatize", None), self._round  # a private server's noise (fedlight.privacy)
+        self.last = red = acc.reduce(None, hook and (lambda sums, n: hook(sums, n, r)))
         if cfg.aggregate_buffers and red.buffers:
             self.buffers = {k: v.to(self.buffers[k].dtype) for k, v in red.buffers.items()}
         for b in step_counters(self.model).values():
