@@ -7,14 +7,17 @@ from pathlib import Path
 from fedlight.errors import ConfigError
 
 
-def algorithm_rows() -> list[tuple[str, str, str, str, str]]:
+def algorithm_rows(plugins: bool = False) -> list[tuple[str, str, str, str, str]]:
+    """One row per registered algorithm; ``plugins``: installed packages' rules (entry points) loaded first."""
     from fedlight import get_algorithm, list_algorithms  # fedlight's own rules registered first
+    from fedlight.core.registry import class_path_of, load_plugins
 
+    if plugins:
+        load_plugins()
     rows = []
     for name in list_algorithms():
         s = get_algorithm(name)
-        rows.append((name, f"fedlight.algorithms.{s.cls.__name__}", s.paper, str(s.backprops),
-                     f"{s.comm[0]:g} / {s.comm[1]:g}"))
+        rows.append((name, class_path_of(s.cls), s.paper, str(s.backprops), f"{s.comm[0]:g} / {s.comm[1]:g}"))
     return rows
 
 
@@ -44,7 +47,7 @@ def _text_table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
 
 def listing(what: str = "all") -> str:
     sections = {
-        "algorithms": lambda: _text_table(algorithm_rows(),
+        "algorithms": lambda: _text_table(algorithm_rows(plugins=True),
                                           ("name", "class", "paper", "backprops", "comm down/up")),
         "models": lambda: "\n".join(f"fedlight.models.{n}" for n in _names("fedlight.models", "MODELS")),
         "datasets": lambda: "\n".join(f"fedlight.data.{n}" for n in _names("fedlight.data", "DATASETS")),
