@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from fedlight.errors import ConfigError
@@ -24,6 +25,58 @@ def algorithm_rows(plugins: bool = False) -> list[tuple[str, str, str, str, str]
 def algorithm_table_markdown() -> str:
     head = "| name | class | paper | backprops / step | comm down / up (models) |\n|---|---|---|---|---|\n"
     return head + "".join(f"| {' | '.join(r)} |\n" for r in algorithm_rows())
+
+
+CONTRACT = ("LocalContext", "Broadcast", "ClientResult", "RoundInfo")
+"""The dataclasses a rule reads and writes (:mod:`fedlight.core.rules`), tabulated in docs/adding_an_algorithm.md."""
+
+
+def _markdown(text: str) -> str:
+    """A docstring fragment as one Markdown table cell: roles and double backquotes as code, ``|`` escaped."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", " ".join(text.split())).replace("``", "`")
+    return text.replace("|", "\\|")
+
+
+def _field_docs(module) -> dict[tuple[str, str], str]:
+    """(class, attribute) → the docstring written under the attribute in ``module``'s source."""
+    import ast
+    import inspect
+
+    docs = {}
+    for node in ast.parse(inspect.getsource(module)).body:
+        if isinstance(node, ast.ClassDef):
+            for a, b in zip(node.body, node.body[1:]):
+                if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+                    docs[node.name, a.target.id] = str(b.value.value)
+    return docs
+
+
+def contract_fields_markdown() -> str:
+    """The fields of the rule contract's dataclasses (:data:`CONTRACT`) and ``LocalContext``'s methods, as Markdown
+    tables generated from :mod:`fedlight.core.rules` itself."""
+    import dataclasses
+    import inspect
+
+    from fedlight.core import rules
+
+    docs, out = _field_docs(rules), []
+    for name in CONTRACT:
+        cls = getattr(rules, name)
+        out += [f"**`{name}`**: {_markdown(inspect.getdoc(cls).splitlines()[0])}", "",
+                "| field | type | default | meaning |", "|---|---|---|---|"]
+        for f in dataclasses.fields(cls):
+            default = ("required" if f.default_factory is dataclasses.MISSING else f"`{f.default_factory()!r}`") \
+                if f.default is dataclasses.MISSING else f"`{f.default!r}`"
+            meaning = _markdown(docs.get((name, f.name), ""))
+            out.append(f"| `{f.name}` | `{_markdown(str(f.type))}` | {default} | {meaning} |")
+        if name == "LocalContext":
+            out += ["", "| method | what it does |", "|---|---|"]
+            for m, fn in vars(cls).items():
+                if inspect.isfunction(fn) and not m.startswith("_"):
+                    signature = _markdown(str(inspect.signature(fn)).replace("'", "").replace("(self, ", "("))
+                    out.append(f"| `{m}{signature.replace('(self)', '()')}` | {_markdown(inspect.getdoc(fn) or '')} |")
+        out.append("")
+    return "\n".join(out)
 
 
 def _names(module: str, attr: str) -> list[str]:

@@ -165,7 +165,7 @@ def algorithm_class(value: str) -> type:
     if cls is None and _lookup(attr) is not None and _lookup(attr).cls.__module__ == mod.__name__:
         cls = _lookup(attr).cls  # module:registered_name
     if not isinstance(cls, type):
-        names = [n for n, v in vars(mod).items() if isinstance(v, type) and v.__module__ == mod.__name__]
+        names = [n for n, v in vars(mod).items() if isinstance(v, type) and not n.startswith("_")]
         raise ConfigError(f"algorithm {value!r}: module {module!r} has no class {attr!r}{closest(attr, names)}")
     return cls
 
