@@ -41,20 +41,12 @@ def _data() -> TensorClients:
                          batch_size=4, num_classes=3)
 
 
-@pytest.mark.parametrize("name", RULES)
-def test_own_fabric_loop_equals_fedlight_fit(name, tmp_path):
-    """The docs' loop with fedlight.fabric.ClientTrainer, fed fit's batches and sampling: fit's global model
-    (parameters and BatchNorm statistics) to 1e-12 in float64 after 2 rounds of 3 of 4 clients."""
-    cfg = LoopConfig(rounds=ROUNDS, clients_per_round=S, local_steps=K, progress=False).for_rule(fedlight.create(name))
-    fitted = _model()
-    fedlight.fit(fitted, _data(), fedlight.create(name), cfg, seed=SEED, out_dir=str(tmp_path), accelerator="cpu",
-                 precision="64-true", loggers=None)
-
+def _own_loop(algo, cfg: LoopConfig) -> tuple[ClientTrainer, dict]:
+    """The docs' loop with fedlight.fabric.ClientTrainer, fed fit's batches and sampling (64-true)."""
     fabric = L.Fabric(accelerator="cpu", devices=1, precision="64-true")
     data = _data()
     data.input_dtype = torch.float64  # as fit has it for 64-true
     data.setup(fabric.device, SEED)
-    algo = fedlight.create(name)
     trainer = ClientTrainer(fabric, _model(), algo, cross_entropy, loop=cfg, seed=SEED)
     x = trainer.x0  # the server rule is set up for it
     for r in range(ROUNDS):
@@ -64,19 +56,50 @@ def test_own_fabric_loop_equals_fedlight_fit(name, tmp_path):
                                  list(data.client_batches(c, K, client_generator(SEED, r, c))), info,
                                  num_samples=data.num_samples(c)) for c in info.sampled]
         x = algo.server.update(x, trainer.aggregate(results), info)
-    assert trainer.train_loss > 0
-    mine, theirs = trainer.load(x).state_dict(), fitted.state_dict()
+    return trainer, x
+
+
+def _assert_equal(mine: dict, theirs: dict, what: str) -> None:
     assert mine.keys() == theirs.keys()
     for k, v in theirs.items():
         assert v.dtype == mine[k].dtype, k
         if v.is_floating_point():
-            assert float((mine[k] - v).abs().max()) <= 1e-12, (name, k)
+            assert float((mine[k] - v).abs().max()) <= 1e-12, (what, k)
         else:
-            assert torch.equal(mine[k], v), (name, k)  # num_batches_tracked advanced the loop's way
-    moved = trainer.x0
-    assert any(float((x[k] - moved[k]).abs().max()) > 1e-6 for k in x), "the rule did not train"
+            assert torch.equal(mine[k], v), (what, k)  # num_batches_tracked advanced the loop's way
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_own_fabric_loop_equals_fedlight_fit(name, tmp_path):
+    """fit's global model (parameters, BatchNorm statistics and counters) to 1e-12 in float64 after 2 rounds of 3 of 4
+    clients, for every registered rule."""
+    cfg = LoopConfig(rounds=ROUNDS, clients_per_round=S, local_steps=K, progress=False).for_rule(fedlight.create(name))
+    fitted = _model()
+    fedlight.fit(fitted, _data(), fedlight.create(name), cfg, seed=SEED, out_dir=str(tmp_path), accelerator="cpu",
+                 precision="64-true", loggers=None)
+    trainer, x = _own_loop(fedlight.create(name), cfg)
+    assert trainer.train_loss > 0
+    _assert_equal(trainer.load(x).state_dict(), fitted.state_dict(), name)
+    assert any(float((x[k] - trainer.x0[k]).abs().max()) > 1e-6 for k in x), "the rule did not train"
     initial = float_buffers(_model().double())
     assert any(float((trainer.buffers[k] - v).abs().max()) > 1e-6 for k, v in initial.items()), "BatchNorm unmoved"
+
+
+def test_a_private_rule_gets_its_noise_at_aggregation(tmp_path):
+    """fedlight.privacy's central noise is added in the aggregation, as in fit (same seed: the same noise)."""
+    from fedlight.privacy.settings import PrivacyConfig
+    from fedlight.privacy.wrap import private
+
+    cfg = LoopConfig(rounds=ROUNDS, clients_per_round=S, local_steps=K, lr=0.1, aggregate_buffers=False,
+                     progress=False)  # BatchNorm statistics would bypass the noise: fit refuses them under privacy
+    dp = PrivacyConfig(noise_multiplier=1.0, clip=0.5)
+    fitted = _model()
+    fedlight.fit(fitted, _data(), fedlight.create("fedavg"), cfg, seed=SEED, out_dir=str(tmp_path),
+                 accelerator="cpu", precision="64-true", loggers=None, privacy=dp)
+    trainer, x = _own_loop(private(fedlight.create("fedavg"), dp, SEED, N, S, ROUNDS), cfg)
+    _assert_equal(trainer.load(x).state_dict(), fitted.state_dict(), "private fedavg")
+    plain, x_plain = _own_loop(fedlight.create("fedavg"), cfg)
+    assert max(float((x[k] - x_plain[k]).abs().max()) for k in x) > 1e-3  # the noise is there
 
 
 def _snippet() -> str:
