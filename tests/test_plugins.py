@@ -143,3 +143,12 @@ def test_fedlight_ls_lists_installed_packages_rules(isolated, capsys):
     assert main(["ls", "algorithms"]) == 0
     row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("lab_listed "))
     assert "lablib2.Listed" in row and "a lab's rule" in row
+
+
+def test_a_recipe_names_a_rule_in_the_working_directory(isolated, capsys):
+    (Path.cwd() / "lab_rule4.py").write_text(RULE.format(name="lab_half4", cls="Half4"))
+    Path("recipe.yaml").write_text("algorithm: {class_path: lab_rule4.Half4, init_args: {knob: 0.75}}\n")
+    rc = main(["fit", *TINY, "--config", "recipe.yaml", "--out_dir", "runs/r"])
+    assert rc == 0, capsys.readouterr().err
+    recorded = yaml.safe_load(Path("runs/r/config.yaml").read_text())["algorithm"]
+    assert recorded == {"class_path": "lab_rule4.Half4", "init_args": {"knob": 0.75}}
