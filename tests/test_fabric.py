@@ -108,12 +108,12 @@ def _snippet() -> str:
 
 @pytest.mark.parametrize("name", RULES)
 def test_docs_snippet_runs_for_every_rule(name, capsys):
-    """docs/fabric.md's first block, its rule swapped for each registered one: it trains and prints a loss a round."""
+    """docs/fabric.md's first block (the README's too), its rule swapped for each registered one: it trains and prints
+    a loss a round."""
     code = _snippet()
-    assert code.count('fedlight.create("fedwmsam")') == 1, "the snippet names its rule once, in fedlight.create"
+    assert code.count('create("fedwmsam")') == 1, "the snippet names its rule once, in create(...)"
     scope: dict = {"__name__": "__main__"}
-    exec(compile(code.replace('fedlight.create("fedwmsam")', f'fedlight.create("{name}")'), "docs/fabric.md", "exec"),
-         scope)
+    exec(compile(code.replace('create("fedwmsam")', f'create("{name}")'), "docs/fabric.md", "exec"), scope)
     x = scope["x"]
     assert all(torch.isfinite(v).all() for v in x.values())
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("round ")]
