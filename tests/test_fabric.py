@@ -118,6 +118,11 @@ def test_docs_snippet_runs_for_every_rule(name, capsys):
     assert all(torch.isfinite(v).all() for v in x.values())
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("round ")]
     assert len(lines) == 3 and all(float(ln.rsplit(" ", 1)[1]) > 0 for ln in lines), lines
+    if name == "fedwmsam":  # the output the page shows is this block's
+        shown = re.search(r"```text\n(.*?)```", DOC.read_text(), re.S).group(1).splitlines()
+        split = [ln.rsplit(" ", 1) for ln in shown], [ln.rsplit(" ", 1) for ln in lines]
+        assert [a for a, _ in split[0]] == [a for a, _ in split[1]]
+        assert [float(v) for _, v in split[0]] == pytest.approx([float(v) for _, v in split[1]], abs=2e-4)
 
 
 def test_aggregate_takes_this_rounds_results_once():
