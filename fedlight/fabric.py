@@ -109,7 +109,7 @@ class ClientTrainer:
         self.last: Reduced | None = None
         """The last :meth:`aggregate`'s float64 means (``train_loss``, ``delta_sqnorm``, byte ``counters``)."""
         self._pending: dict[int, ClientOutcome] = {}
-        self._round = 0
+        self._info: RoundInfo | None = None
 
     def train(self, client_id: int, broadcast: Broadcast, batches: Iterable[Any], info: RoundInfo, *,
               num_steps: int | None = None, num_samples: int | None = None) -> ClientResult:
@@ -146,7 +146,7 @@ class ClientTrainer:
         if num_samples is None:
             out.result.num_samples = job.num_samples = seen[0]
         self.states.put(client_id, out.state)
-        self._pending[id(out.result)], self._round = out, info.round
+        self._pending[id(out.result)], self._info = out, info
         return out.result
 
     def aggregate(self, results: Sequence[ClientResult]) -> ClientResult:
@@ -167,12 +167,12 @@ class ClientTrainer:
         for o in outs:
             acc.add(o, float(o.result.num_samples) if samples else 1.0, o.buffers if cfg.aggregate_buffers else {},
                     bytes_down=o.job.broadcast.nbytes(), bytes_up=o.result.nbytes())
-        hook, r = getattr(server, "privatize", None), self._round  # a private server's noise (fedlight.privacy)
-        self.last = red = acc.reduce(None, hook and (lambda sums, n: hook(sums, n, r)))
+        hook, info = getattr(server, "privatize", None), self._info  # a private server's noise (fedlight.privacy)
+        self.last = red = acc.reduce(None, hook and (lambda sums, n: hook(sums, n, info.round)))
         if cfg.aggregate_buffers and red.buffers:
             self.buffers = {k: v.to(self.buffers[k].dtype) for k, v in red.buffers.items()}
-        for b in step_counters(self.model).values():
-            b += round(sum(o.job.num_steps for o in outs) / len(outs))
+        for b in step_counters(self.model).values():  # BatchNorm step counters advance by the round's mean K
+            b += round(info.num_steps)
         return rule_aggregate(server, red, [o.result for o in outs], cfg.weighting)
 
     @property
