@@ -98,7 +98,7 @@ def test_unknown_names_say_how_to_name_a_rule_of_your_own(isolated, capsys):
     assert "cannot import 'nomodule'" in err and "my_module:MyRule" in err and len(err.strip().splitlines()) == 1
     (Path.cwd() / "lab_rule3.py").write_text(RULE.format(name="lab_half3", cls="Half3"))
     rc, err = _fit(Path("runs/c"), ["--algorithm", "lab_rule3:Halff"], capsys)
-    assert rc == 2 and "module 'lab_rule3' has no class 'Halff'; did you mean 'Half3'?" in err
+    assert rc == 2 and "module 'lab_rule3' has no class 'Halff'; did you mean 'lab_rule3:Half3'?" in err
 
 
 def _distribution(site: Path, package: str, entry_points: str, code: str) -> None:

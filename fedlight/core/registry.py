@@ -166,7 +166,8 @@ def algorithm_class(value: str) -> type:
         cls = _lookup(attr).cls  # module:registered_name
     if not isinstance(cls, type):
         names = [n for n, v in vars(mod).items() if isinstance(v, type) and not n.startswith("_")]
-        raise ConfigError(f"algorithm {value!r}: module {module!r} has no class {attr!r}{closest(attr, names)}")
+        like = closest(attr, names, module + (":" if ":" in value else "."))
+        raise ConfigError(f"algorithm {value!r}: module {module!r} has no class {attr!r}{like}")
     return cls
 
 
