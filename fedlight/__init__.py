@@ -24,13 +24,14 @@ from fedlight import _moved  # noqa: E402 - the standard library only
 _moved.install()  # retired paths (fedlight.loop, fedlight.cli ...): the module of their new home, with a warning
 
 __all__ = [
-    "Algorithm", "Broadcast", "ClientResult", "LocalContext", "LocalUpdateRule", "Params", "RoundInfo",
-    "ServerRule", "create", "cross_entropy", "fit", "get_algorithm", "list_algorithms", "register",
+    "Algorithm", "Broadcast", "ClientResult", "ClientTrainer", "LocalContext", "LocalUpdateRule", "Params",
+    "RoundInfo", "ServerRule", "create", "cross_entropy", "fit", "get_algorithm", "list_algorithms", "register",
     "sample_clients",
 ]
 
 _REGISTRY_NAMES = ("create", "get_algorithm", "list_algorithms", "register")
-_LAZY = {"fit": "fedlight.config.api", "Params": "fedlight.core.params", "sample_clients": "fedlight.core.sampling",
+_LAZY = {"fit": "fedlight.config.api", "ClientTrainer": "fedlight.fabric", "Params": "fedlight.core.params",
+         "sample_clients": "fedlight.core.sampling",
          **dict.fromkeys(_REGISTRY_NAMES, "fedlight.core.registry"),
          **dict.fromkeys(("Algorithm", "Broadcast", "ClientResult", "LocalContext", "LocalUpdateRule", "RoundInfo",
                           "ServerRule", "cross_entropy"), "fedlight.core.rules")}

@@ -13,7 +13,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from fedlight.core.registry import closest
+from fedlight.core.registry import closest, import_module
 from fedlight.errors import ConfigError
 
 # recipe key -> (package whose classes it names, `fedlight ls` section, class attribute listing the names)
@@ -28,17 +28,23 @@ SPECIAL = ("help", "class_path", "init_args", "dict_kwargs")
 
 
 def class_path(group: str, value: str) -> str:
-    """``value`` (a class path, a class name or an algorithm's registry name, any letter case) as a class path."""
-    if "." in value or value.lstrip().startswith(("{", "[")):
+    """``value`` (a class path, a class name or an algorithm's registry name, any letter case) as a class path. An
+    algorithm may also be ``module:Class`` and come from the working directory or an installed package's
+    ``fedlight.algorithms`` entry point (:func:`fedlight.core.registry.algorithm_class`)."""
+    if value.lstrip().startswith(("{", "[")):
         return value
-    package, section, attr = GROUPS[group]
     if group == "algorithm":
-        from fedlight import get_algorithm  # the package registers fedlight's own rules first
+        import fedlight.algorithms  # noqa: F401 - fedlight's own rules register first
+        from fedlight.core.registry import algorithm_class, class_path_of
 
         try:
-            return f"{package}.{get_algorithm(value).cls.__name__}"
+            cls = algorithm_class(value)
+            return value if "." in value and ":" not in value else class_path_of(cls)  # a class path stays as given
         except ConfigError as e:
             raise ConfigError(f"`--algorithm`: {e}") from None
+    if "." in value:
+        return value
+    package, section, attr = GROUPS[group]
     names = list(getattr(importlib.import_module(package), attr))
     by_case = {n.lower(): n for n in names}
     if value.lower() in by_case:
@@ -63,9 +69,10 @@ def resolve_names(argv: list[str]) -> list[str]:
 
 
 def _import(path: str) -> type | None:
+    """The class at ``path`` (its module on ``sys.path`` or in the working directory), else None."""
     module, _, name = path.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module), name)
+        cls = getattr(import_module(module), name)
     except (ImportError, AttributeError, ValueError):
         return None
     return cls if isinstance(cls, type) else None

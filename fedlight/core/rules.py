@@ -85,7 +85,9 @@ class LocalContext:
     """Everything one client's local training may touch. Built by the loop (or by your own script)."""
 
     broadcast: Broadcast
+    """What the server sent this client this round (``y_{i,0}`` and any extras or scalars)."""
     optimizer: torch.optim.Optimizer
+    """The local optimizer of this client's round: the rule's own (``make_optimizer``) or the loop's."""
     lr: float
     """``η_r``, the round's local learning rate (the optimizer starts with it)."""
     num_steps: int
@@ -93,7 +95,9 @@ class LocalContext:
     params: Params
     """The model's live trainable parameters (``trainable(model)``), the tensors rules update in place."""
     client_id: int = 0
+    """``i``, the client's id."""
     round: int = 0
+    """``r``, the 0-based round."""
     state: dict[str, Any] = field(default_factory=dict)
     """This client's persistent state (``c_i``, momenta); the loop loads it before ``start`` and stores it after
     ``finish``. A client never seen before starts with an empty dict."""
@@ -152,6 +156,7 @@ class LocalContext:
         return {k: p.grad for k, p in self.params.items()}
 
     def zero_grad(self) -> None:
+        """Clear ``.grad`` of every trainable parameter."""
         for p in self.params.values():
             p.grad = None
 
@@ -171,6 +176,7 @@ class LocalContext:
         self.step_index += 1
 
     def set_lr(self, lr: float) -> None:
+        """Set the local optimizer's learning rate (every parameter group), e.g. for an in-round schedule."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 

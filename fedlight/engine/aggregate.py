@@ -118,6 +118,16 @@ class Accumulator:
                        counters=c)
 
 
+def rule_aggregate(server: Any, red: Reduced, results: list[ClientResult], weighting: str) -> ClientResult:
+    """What ``server.update`` gets: the reduced mean, or the server rule's own ``aggregate`` of every kept client
+    result (under its own weighting, else ``weighting``) with the reduced rule metrics."""
+    if not server.aggregates_itself():
+        return red.result
+    agg = server.aggregate(results, server.weighting or weighting)
+    agg.metrics = red.result.metrics
+    return agg
+
+
 def _zeros(tree: dict[str, Any]) -> dict[str, Any]:
     return {k: _zeros(v) if isinstance(v, dict) else torch.zeros_like(v, dtype=torch.float64)
             for k, v in tree.items()}

@@ -27,7 +27,7 @@ from fedlight.core.params import Params
 from fedlight.core.rules import Algorithm, ClientResult, RoundInfo
 from fedlight.core.sampling import assign_clients, client_fails, client_generator, round_clients
 from fedlight.data import gather
-from fedlight.engine.aggregate import Accumulator, Reduced
+from fedlight.engine.aggregate import Accumulator, Reduced, rule_aggregate
 from fedlight.engine.client_store import ClientStateStore
 from fedlight.engine.local_schedule import local_schedule
 from fedlight.engine.loop_state import LoopState, step_counters
@@ -279,9 +279,5 @@ class FederatedLoop:
 
     def _aggregate(self, red: Reduced, got: Collected) -> ClientResult:
         """The reduced mean, or the server rule's own ``aggregate`` of every kept client result."""
-        if not self.custom_aggregate:
-            return red.result
-        agg = self.server.aggregate([res for _, res in got.results], self.server.weighting or self.cfg.weighting)
-        agg.metrics = red.result.metrics
-        return agg
+        return rule_aggregate(self.server, red, [res for _, res in got.results], self.cfg.weighting)
 

@@ -32,7 +32,6 @@ from fedlight.core import precision as precisions
 from fedlight.core.params import Params
 from fedlight.core.rules import Broadcast, ClientResult, LocalUpdateRule, RoundInfo
 from fedlight.core.sampling import seed_client_torch
-from fedlight.data import gather
 from fedlight.errors import ConfigError
 from fedlight.runners.base import ClientJob, ClientOutcome, TrainSetup, context, outcome, run_to_end
 from fedlight.runners.forward import StackedContext, StackedForward
@@ -267,5 +266,7 @@ def stacked_batches(jobs: list[ClientJob]) -> Iterator[Any]:
     draws from one data module that allows it, else each client's own batches stacked (the same tensors)."""
     src = [j.source for j in jobs]
     if all(x is not None and x[0] is src[0][0] and x[2] is j.batches for x, j in zip(src, jobs)):
+        from fedlight.data import gather  # on first use: a runner import pulls no data module (fedlight.fabric)
+
         return gather.stacked_batches(src[0][0], [draw() for _, draw, _ in src])
     return (stack_tree(b, "batch") for b in zip(*(j.batches() for j in jobs)))
