@@ -75,9 +75,10 @@ class PrivateLocal(LocalWrapper):
         cn = self.client_noise
         if self.report_clipped:
             b = (norm <= C).double()
-            if cn is not None and cn.count_scale > 0:
-                b = b + cn.count_scale * noise.scalar_normal(noise.generator(cn.seed, ctx.round, noise.COUNT,
-                                                                             ctx.client_id))
+            if cn is not None and cn.count_scale > 0:  # its share of the count's noise, sent in fixed point (2^-24,
+                # as secure aggregation's integers): the shares' float64 sum is exact, whatever the order
+                z = noise.scalar_normal(noise.generator(cn.seed, ctx.round, noise.COUNT, ctx.client_id))
+                b = (b + cn.count_scale * z).mul(2.0 ** 24).round().div(2.0 ** 24)
             result.metrics["dp_unclipped"] = b
         if cn is not None:
             gen = noise.generator(cn.seed, ctx.round, noise.CLIENT, ctx.client_id)

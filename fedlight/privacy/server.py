@@ -90,8 +90,16 @@ class PrivateServer(ServerWrapper):
         return accountant.round_multiplier(self.update_sigma * share, self.count_noise * share if self.cfg.adaptive
                                            else None, self.conv.relation)
 
+    @property
+    def releases_empty_rounds(self) -> bool:
+        """Whether a round nobody reported to is released with its noise (on a zero sum) and counted, as the
+        accountant's sampled Gaussian mechanism is: client level with the server's noise. (Distributed noise: nobody
+        added any, and nothing the round releases depends on the data, so the model stays and the round costs no ε.)"""
+        return self.cfg.level == "client" and self.cfg.placement == "central"
+
     def privatize(self, sums: dict[str, Any], count: float, round: int) -> float | None:
-        """Noise the float64 sums once (every process draws the same) and return the denominator."""
+        """Noise the float64 sums once (every process draws the same) and return the denominator (``m`` when nobody
+        reported, whatever the denominator setting)."""
         cfg = self.cfg
         self._g = self.round_multiplier(count)
         if cfg.level == "client" and cfg.placement == "central" and self.update_sigma > 0:
@@ -103,7 +111,7 @@ class PrivateServer(ServerWrapper):
             if cfg.placement == "central":
                 b += self.count_noise * noise.scalar_normal(noise.generator(self.seed, round, noise.COUNT))
             self.unclipped = b / self.m
-        return float(self.m) if cfg.denominator == "fixed" and cfg.level != "record" else None
+        return float(self.m) if (cfg.denominator == "fixed" or count == 0) and cfg.level != "record" else None
 
     def update(self, params, agg, info):
         x = self.inner.update(params, agg, info)
