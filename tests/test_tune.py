@@ -175,12 +175,11 @@ def test_a_killed_study_finishes_with_every_trial_run_once(study):
         if t.state == states.COMPLETE:
             assert len(rounds) == ROUNDS and t.value == pytest.approx(max(r["test_acc"] for r in map(
                 json.loads, (run / "metrics.jsonl").read_text().splitlines())) * 100)
-        else:  # pruned: reported up to the decision; stopped after a later round (the stop signal is asynchronous:
-            # on a busy machine the run finishes a round or two more before it lands; those rounds are in its
-            # metrics.jsonl, not in the study), its checkpoint written (or it had finished its rounds by then)
-            assert max(t.intermediate_values) <= len(rounds)
-            stopped = json.loads((run / "job.json").read_text())["state"] == "stopped"
-            assert stopped == (len(rounds) < ROUNDS) and (run / "checkpoints" / "last.ckpt").is_file()
+        else:  # pruned: reported up to the decision and stopped right after it (the run waited for the study's
+            # answer after each report, whatever the machine's load), its checkpoint written
+            assert max(t.intermediate_values) == len(rounds) < ROUNDS
+            assert json.loads((run / "job.json").read_text())["state"] == "stopped"
+            assert (run / "checkpoints" / "last.ckpt").is_file()
     pruned = [t for t in after if t.state == states.PRUNED]  # the useless step sizes, after a useful one
     assert pruned and min(len(t.intermediate_values) for t in pruned) < ROUNDS
     resumed = out / "fedavg" / "trial001" / "seed0"
@@ -189,6 +188,67 @@ def test_a_killed_study_finishes_with_every_trial_run_once(study):
     assert "budget spent" in text and "Importances" in text and (out / "tune_fedavg.png").stat().st_size > 1000
     best = max((t for t in after if t.state == states.COMPLETE), key=lambda t: t.value)
     assert f"| fedavg | {sum(t.state == states.COMPLETE for t in after)} | " in text and f"| {best.number} |" in text
+
+
+def _tune_here(tmp: Path, out: str) -> list:
+    """``fedlight tune`` of SMALL in this process (its runs forked from it); the study's trials."""
+    import lightning  # noqa: F401  (imported here once, not in each forked run)
+
+    import fedlight.config.api  # noqa: F401
+
+    forked: dict = {}
+    exec(FORKED, forked)
+    with pytest.MonkeyPatch.context() as here:
+        here.chdir(tmp)
+        here.setattr(subprocess, "Popen", forked["Forked"])
+        assert main(["tune", "small.yaml", "--out", out]) == 0
+    return optuna.load_study(study_name="small/fedavg", storage=f"sqlite:///{tmp / out / 'study.db'}").get_trials()
+
+
+SMALL = {**SPEC, "tune": {**SPEC["tune"], "rounds": 4, "pruner": {"name": "median", "n_startup_trials": 1,
+                                                                    "n_warmup_steps": 1}}}
+
+
+def test_a_study_decides_the_same_however_late_it_reads_its_runs(tmp_path, monkeypatch):
+    """Pruning never depends on the machine's load: the same 4-trial study twice, once as it runs and once with the
+    study reading each run only when the run can go no further (it has ended, or it has written an evaluated round
+    before its last that the study has not answered yet: it waits there for the answer). That is a machine so busy
+    that the study falls behind its runs by any number of rounds; before, its runs trained on meanwhile and every
+    trial ended COMPLETE. Both studies have the same states, values, reported values and best trial, and a pruned
+    trial's run stopped right after the round its decision was made at."""
+    from fedlight.lab.tuning import cli as tune_cli
+    from fedlight.run import study_gate
+
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(SMALL))
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    idle = _tune_here(tmp_path, "idle")
+    real = tune_cli.Trial.watch
+
+    def blocked(run) -> bool:  # an evaluated round before its last written, not answered: the run waits there
+        rows = [json.loads(x) for x in (run.path / "metrics.jsonl").read_text().splitlines()] if (
+            run.path / "metrics.jsonl").is_file() else []
+        gate = study_gate._read(run.path / study_gate.NAME)
+        return bool(rows) and gate is not None and rows[-1].get(gate["key"]) is not None and \
+            gate["round"] < rows[-1]["round"] < SMALL["tune"]["rounds"]
+
+    def late(self, i, run, proc):
+        if proc is not None:
+            _wait_for(lambda: proc.poll() is not None or blocked(run), 600)
+        real(self, i, run, proc)
+
+    monkeypatch.setattr(tune_cli.Trial, "watch", late)
+    busy = _tune_here(tmp_path, "busy")
+    states = optuna.trial.TrialState
+    assert any(t.state == states.PRUNED for t in idle) and any(t.state == states.COMPLETE for t in idle)
+    for a, b in zip(idle, busy):
+        assert (a.number, a.state, a.value, a.params, a.intermediate_values) == \
+            (b.number, b.state, b.value, b.params, b.intermediate_values)
+        if a.state == states.PRUNED:
+            for out in ("idle", "busy"):
+                assert _rows(tmp_path / out / "fedavg" / f"trial{a.number:03d}" / "seed0") == list(
+                    range(1, max(a.intermediate_values) + 1))
+    best = [max((t for t in s if t.state == states.COMPLETE), key=lambda t: t.value).number for s in (idle, busy)]
+    assert best[0] == best[1]
 
 
 def test_reproduce_tuned_runs_at_the_best_values(study, monkeypatch, capsys):

@@ -74,7 +74,8 @@ def resolve_plan(model, data, algorithm, loop, seed, out_dir, accelerator, preci
     _check_args(algorithm, data, loop, *world)
     accelerator, precision = resolve_device(accelerator, precision, algorithm)
     if privacy is not None:
-        privacy_settings.validate(privacy, sampling=loop.sampling)  # bad values: one line, before anything is built
+        # bad values: one line, before anything is built
+        privacy_settings.validate(privacy, sampling=loop.sampling, on_nonfinite=loop.on_nonfinite)
     model, text = _model_and_config(model, data, algorithm, task, loop, seed, precision, text, privacy)
     defining, execution = split_settings(recorded.settings(text, precision))
     if defining.get("privacy", 0) is None:  # a run without privacy keeps the directory name it had before the key

@@ -25,7 +25,7 @@ from fedlight.engine.loop import Diverged, FederatedLoop
 from fedlight.engine.loop_state import key_problem, resume_problems
 from fedlight.engine.work import Evaluation, Work, drive
 from fedlight.errors import ConfigError, check
-from fedlight.run import stops
+from fedlight.run import stops, study_gate
 from fedlight.run.atomic import atomic_torch_save
 from fedlight.run.files import fault, is_fraction, rss_mb, summarize
 from fedlight.run.record import RunRecord
@@ -166,13 +166,17 @@ class FitDriver:
         loop, record, done = self.loop, self.record, self.loop.state.rounds_done
         rounds, fabric = loop.cfg.rounds, loop.fabric
         stop = stops.agreed(fabric) if done < rounds else None  # SIGTERM, SIGINT, SIGUSR1
+        ask = stop is None and done < rounds and study_gate.asks(row)  # fedlight tune: may the run go on?
         snapshot = None
-        if (done % loop.cfg.save_every == 0 or done == rounds or stop) and fabric.global_rank == 0:
+        if (done % loop.cfg.save_every == 0 or done == rounds or stop or ask) and fabric.global_rank == 0:
             t = time.perf_counter()
             record.flush()  # the previous checkpoint is durable before the store drops files it named
             snapshot = loop.state.snapshot()
             row["checkpoint_time_s"] = time.perf_counter() - t  # on the critical path: wait + snapshot
         record.round_done(row, snapshot)
+        if ask:  # the row on disk, where the study reads it; then its answer, before the next round
+            record.flush()
+            stop = study_gate.wait(done, stops.requested) or stops.agreed(fabric)
         if stop:
             stops.stop_here(record, done, stop)  # raises stops.Stopped once the row and checkpoint are on disk
 

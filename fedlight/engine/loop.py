@@ -34,7 +34,7 @@ from fedlight.engine.loop_state import LoopState, step_counters
 from fedlight.engine.round_row import Collected, RoundPlan, RoundRow, client_entries
 from fedlight.engine.work import Work, drive
 from fedlight.run.files import fault, to_device
-from fedlight.runners import ClientJob, TrainSetup, matmul_conv, select_runner
+from fedlight.runners import ClientJob, SequentialRunner, TrainSetup, matmul_conv, select_runner
 from fedlight.runners.base import OptimizerFactory
 from fedlight.runners.guard import say
 from fedlight.tasks import Task
@@ -95,6 +95,7 @@ class FederatedLoop:
             say(setup, f"fedlight: loop.matmul_convs {cfg.matmul_convs}: " + (
                 f"{', '.join(names)} convolve as one batched matmul when clients train stacked" if names else
                 f"no convolution has at most {cfg.matmul_convs} input channels; the setting changes nothing"))
+        self.setup = setup
         self.runner, self.runner_reason = select_runner(cfg, setup, self.state.meta["algorithm"])
         self.custom_aggregate = self.server.aggregates_itself()
 
@@ -168,6 +169,9 @@ class FederatedLoop:
         t_train = time.perf_counter()
         got = self._exchange(got)
         row = RoundRow.of(plan, got, self.task.round_lrs(plan.info) or self.cfg.round_lrs(plan.info))
+        empty = got.layout is None
+        if empty and getattr(self.server, "releases_empty_rounds", False):  # a private server's: the noised 0 sum
+            got.layout = self._upload_layout(plan)
         if got.layout is None:  # nobody reported: the model and the server state stay as they are
             st.rounds_done = r + 1
         else:
@@ -177,8 +181,17 @@ class FederatedLoop:
             x_old = st.params
             self._advance(r, red, got, plan)
             row.measure(red, st.params, x_old, got.start if got.start is not None else x_old,
-                        self.server.diagnostics())
+                        self.server.diagnostics(), clients=not empty)
         return self._count(row.timed(t0, t_train).as_dict())
+
+    def _upload_layout(self, plan: RoundPlan):
+        """The sums' layout of one upload, from the rule's ``start`` and ``finish`` with no step on a new client (none
+        of it kept, no buffer averaged): a round nobody reported to that the server releases anyway."""
+        job = ClientJob(client_id=0, broadcast=self.server.broadcast(self.state.params, plan.info, 0), state={},
+                        num_steps=0, batch_sizes=(), num_samples=0, batches=lambda: ())
+        acc = Accumulator(self.server.summed_extras, self.device)
+        acc.add(SequentialRunner(self.setup).train_one(job, plan.info, self.state.buffers), 0.0, {}, 0, 0)
+        return acc.layout()
 
     def _count(self, row: dict[str, Any]) -> dict[str, Any]:
         """Add the round's bytes to the run's totals; the row becomes the state's last row (the driver completes

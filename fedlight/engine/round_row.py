@@ -61,8 +61,10 @@ class RoundRow:
         self.round_time_s, self.train_time_s, self.aggregate_time_s = end - t0, t_train - t0, end - t_train
         return self
 
-    def measure(self, red: Reduced, x: Params, x_old: Params, y0: Params, server: dict[str, Any]) -> None:
-        """Fill the aggregate statistics from the reduced sums and the new global model ``x``."""
+    def measure(self, red: Reduced, x: Params, x_old: Params, y0: Params, server: dict[str, Any],
+                clients: bool = True) -> None:
+        """Fill the aggregate statistics from the reduced sums and the new global model ``x``; ``clients=False``: a
+        round nobody reported to (released by the server anyway): no client statistics."""
         # flatness distance from Σ w_i‖Δ_i‖², Δ̄ and U = x_{r+1} − y_0 (clients start from the broadcast y_0):
         # Σ w‖Δ_i − U‖²/Σw = mean‖Δ‖² − 2⟨Δ̄, U⟩ + ‖U‖²
         U = P.sub(x, y0)
@@ -73,6 +75,8 @@ class RoundRow:
                               for v in red.result.metrics.values())]).tolist()  # one host sync
         self.train_loss, self.flatness_distance, self.update_norm = vals[:3]
         self.rule = dict(zip(red.result.metrics, vals[3:]))
+        if not clients:
+            self.train_loss, self.flatness_distance, self.rule = None, None, {}
         self.server = {k: float(v) for k, v in server.items()}
         self.bytes_down, self.bytes_up = int(red.counters["bytes_down"]), int(red.counters["bytes_up"])
 

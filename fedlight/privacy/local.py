@@ -27,11 +27,13 @@ class ClipBound:
 @dataclass
 class ClientNoise:
     """Noise a client adds to its own clipped upload: ``kind`` ``gaussian`` (std ``scale``) or ``laplace`` (scale
-    ``b``), in units of ``C``."""
+    ``b``), in units of ``C``; ``count_scale``: the std it adds to its clipped-or-not report under adaptive clipping
+    (``placement: distributed``: its share of the count query's noise, ``σ_b/√m``)."""
 
     kind: str
     scale: float
     seed: int
+    count_scale: float = 0.0
 
 
 class PrivateLocal(LocalWrapper):
@@ -70,10 +72,15 @@ class PrivateLocal(LocalWrapper):
             return result
         C = self.bound.value
         norm = clip_upload(result, C, self.ord)
+        cn = self.client_noise
         if self.report_clipped:
-            result.metrics["dp_unclipped"] = (norm <= C).double()
-        if self.client_noise is not None:
-            cn = self.client_noise
+            b = (norm <= C).double()
+            if cn is not None and cn.count_scale > 0:  # its share of the count's noise, sent in fixed point (2^-24,
+                # as secure aggregation's integers): the shares' float64 sum is exact, whatever the order
+                z = noise.scalar_normal(noise.generator(cn.seed, ctx.round, noise.COUNT, ctx.client_id))
+                b = (b + cn.count_scale * z).mul(2.0 ** 24).round().div(2.0 ** 24)
+            result.metrics["dp_unclipped"] = b
+        if cn is not None:
             gen = noise.generator(cn.seed, ctx.round, noise.CLIENT, ctx.client_id)
             add = noise.gaussian_ if cn.kind == "gaussian" else noise.laplace_
             for tree in noise.upload_trees(result.delta, result.extras):

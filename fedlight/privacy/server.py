@@ -8,7 +8,9 @@ sensitivity.
 
 Adaptive clipping (Andrew, Thakkar, McMahan, Ramaswamy, NeurIPS'21, Alg. 1): each client reports
 ``b_i = 1[‖Δ_i‖ ≤ C]``; ``b̄ = (Σ b_i + N(0, σ_b²))/m``; ``C ← C·exp(−η_C(b̄ − γ))``. The update's noise is
-``σ_Δ = (σ^-2 − (2σ_b)^-2)^-1/2`` so that the pair of queries costs what one Gaussian query of ``σ`` does.
+``σ_Δ = (σ^-2 − (2σ_b)^-2)^-1/2`` so that the pair of queries costs what one Gaussian query of ``σ`` does. With
+``distributed`` the clients add both noises: each adds ``N(0, σ_Δ²C²/m)`` to its upload and ``N(0, σ_b²/m)`` to
+its ``b_i``, so the server sees neither query without its noise.
 """
 
 from __future__ import annotations
@@ -76,29 +78,40 @@ class PrivateServer(ServerWrapper):
         self.update_sigma = update_noise(sigma, self.count_noise, self.conv.relation) if adaptive else sigma
         if self.client_noise is not None and self.cfg.level == "client":
             self.client_noise.scale = self.update_sigma / self.m ** 0.5  # Σ over m clients: N(0, σ_Δ²C²)
+            if adaptive:  # the count query's noise too: Σ over m clients: N(0, σ_b²)
+                self.client_noise.count_scale = self.count_noise / self.m ** 0.5
 
     def round_multiplier(self, reported: float) -> float:
         """The per-client noise multiplier of a round in which ``reported`` clients were summed: σ, unless the
         distributed noise lost the shares of the clients that did not report (their noise was never added)."""
         if self.cfg.placement != "distributed" or reported >= self.m or self.sigma == 0:
             return self.sigma
-        sigma_u = self.update_sigma * math.sqrt(reported / self.m)
-        return accountant.round_multiplier(sigma_u, self.count_noise if self.cfg.adaptive else None,
-                                           self.conv.relation)
+        share = math.sqrt(reported / self.m)  # both queries' noise: the reporting clients' shares only
+        return accountant.round_multiplier(self.update_sigma * share, self.count_noise * share if self.cfg.adaptive
+                                           else None, self.conv.relation)
+
+    @property
+    def releases_empty_rounds(self) -> bool:
+        """Whether a round nobody reported to is released with its noise (on a zero sum) and counted, as the
+        accountant's sampled Gaussian mechanism is: client level with the server's noise. (Distributed noise: nobody
+        added any, and nothing the round releases depends on the data, so the model stays and the round costs no ε.)"""
+        return self.cfg.level == "client" and self.cfg.placement == "central"
 
     def privatize(self, sums: dict[str, Any], count: float, round: int) -> float | None:
-        """Noise the float64 sums once (every process draws the same) and return the denominator."""
+        """Noise the float64 sums once (every process draws the same) and return the denominator (``m`` when nobody
+        reported, whatever the denominator setting)."""
         cfg = self.cfg
         self._g = self.round_multiplier(count)
         if cfg.level == "client" and cfg.placement == "central" and self.update_sigma > 0:
             gen = noise.generator(self.seed, round, noise.CENTRAL)
             for tree in noise.upload_trees(sums["delta"], sums["extras"]):
                 noise.gaussian_(tree, self.update_sigma * self.bound.value, gen)
-        if cfg.adaptive:
+        if cfg.adaptive:  # the count's noise: the server's (central), else the clients' shares are in the sum
             b = float(sums["metrics"].pop("dp_unclipped"))
-            gen = noise.generator(self.seed, round, noise.COUNT)
-            self.unclipped = (b + self.count_noise * noise.scalar_normal(gen)) / self.m
-        return float(self.m) if cfg.denominator == "fixed" and cfg.level != "record" else None
+            if cfg.placement == "central":
+                b += self.count_noise * noise.scalar_normal(noise.generator(self.seed, round, noise.COUNT))
+            self.unclipped = b / self.m
+        return float(self.m) if (cfg.denominator == "fixed" or count == 0) and cfg.level != "record" else None
 
     def update(self, params, agg, info):
         x = self.inner.update(params, agg, info)

@@ -65,9 +65,11 @@ class PrivacyConfig:
     for fixed-size sampling, add/remove for Poisson."""
 
 
-def validate(cfg: PrivacyConfig, num_clients: int | None = None, sampling: str | None = None) -> None:
+def validate(cfg: PrivacyConfig, num_clients: int | None = None, sampling: str | None = None,
+             on_nonfinite: str | None = None) -> None:
     """Refuse bad settings in one line each (exit 2, before round 1); warn on a δ above 1/N. ``sampling``: the
-    loop's (``loop.sampling``), checked against the relation and accountant when given."""
+    loop's (``loop.sampling``), checked against the relation and accountant when given; ``on_nonfinite``: the
+    loop's (``loop.on_nonfinite``), checked against the placement when given."""
     check(cfg.level in LEVELS, f"`privacy.level` must be one of {', '.join(LEVELS)}, got {cfg.level!r}")
     check(cfg.mechanism in MECHANISMS, f"`privacy.mechanism` must be one of {', '.join(MECHANISMS)}, got "
           f"{cfg.mechanism!r}")
@@ -100,6 +102,10 @@ def validate(cfg: PrivacyConfig, num_clients: int | None = None, sampling: str |
           f"`privacy.count_noise` (σ_b) must be > 0, got {cfg.count_noise}")
     if sampling is not None:
         _convention(cfg, sampling)
+    check(on_nonfinite != "skip_client" or cfg.level != "client" or cfg.placement != "distributed",
+          "`loop.on_nonfinite: skip_client` with `privacy.placement: distributed`: a client skipped for its own "
+          "non-finite update would take its share of the noise with it, so the noise would depend on its data; use "
+          "`loop.on_nonfinite: stop`, or `privacy.placement: central`")
     if num_clients is not None and cfg.delta > 1 / num_clients:
         warnings.warn(f"`privacy.delta` ({cfg.delta:g}) is above 1/(number of clients) = {1 / num_clients:g}: "
                       "such a δ allows releasing a client's data outright; choose δ < 1/N", stacklevel=2)

@@ -58,12 +58,12 @@ def check_model(model: nn.Module, cfg: PrivacyConfig, precision: str, aggregate_
 
 
 def private(algorithm: Algorithm, cfg: PrivacyConfig, seed: int, num_clients: int, per_round: int,
-            rounds: int, record_uses: int = 1, sampling: str = "fixed") -> PrivateAlgorithm:
+            rounds: int, record_uses: int = 1, sampling: str = "fixed", on_nonfinite: str = "stop") -> PrivateAlgorithm:
     """``algorithm`` under ``cfg``; refuses (ConfigError, before round 1) what cannot be made private.
     ``per_round``: the clients sampled per round (expected under ``sampling: poisson``); ``record_uses``: record
     level, how often a record enters its client's gradients per round
-    (:func:`fedlight.privacy.record.uses_per_round`)."""
-    validate(cfg, num_clients, sampling)
+    (:func:`fedlight.privacy.record.uses_per_round`); ``sampling``, ``on_nonfinite``: the loop's."""
+    validate(cfg, num_clients, sampling, on_nonfinite)
     name = type(algorithm).__name__
     check(not algorithm.server.aggregates_itself(), f"`privacy`: {name}'s server rule aggregates the client results "
           "itself, so the noised sum never reaches it; run it without privacy")

@@ -6,9 +6,11 @@ Each trial is ordinary ``fedlight fit`` runs, one per seed, in ``OUT/<row>/trial
 verifiable, tagged in the trackers with its study and trial), run by the job runner of ``fedlight reproduce``
 (:mod:`fedlight.lab.tables.runner`: ``--jobs``, ``--per-gpu``, ``--launcher slurm``). The study is in Optuna's RDB
 storage (:mod:`fedlight.lab.tuning.study`; default ``OUT/study.db``). While a trial runs, its evaluations are
-reported to Optuna (step = seed index × rounds + round); when the pruner says so, its run is stopped after its round
-in progress, its checkpoint written, and the trial is told pruned. Stop the command at any moment and run it again:
-finished trials stay, a trial whose worker is gone resumes its runs from their checkpoints, the study continues.
+reported to Optuna (step = seed index × rounds + round), and the run waits for the study's answer after each one
+(:mod:`fedlight.run.study_gate`): when the pruner says so, the run stops after that round, its checkpoint written,
+and the trial is told pruned, so which trials are pruned, and where, never depends on the machine's load. Stop the
+command at any moment and run it again: finished trials stay, a trial whose worker is gone resumes its runs from
+their checkpoints, the study continues.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from fedlight.lab.tables import runner, studies
 from fedlight.lab.tables.spec import Cell, base_path, cells, find_spec, load_spec, with_params
 from fedlight.lab.tuning import space as tune_space
 from fedlight.lab.tuning import study as tune_study
+from fedlight.run import study_gate
 
 BEAT_S = 30.0
 """How often a running trial's worker refreshes its ``beat`` in the storage."""
@@ -43,8 +46,9 @@ class Trial:
     def __init__(self, job: Job, row: str, trial, runs: list[runner.Run]) -> None:
         self.job, self.row, self.trial, self.runs = job, row, trial, runs
         self.path = runs[0].path
-        self.pruned, self.beat = False, 0.0
+        self.pruned, self.beat, self.answered = False, 0.0, 0
         self.reported = set(trial._cached_frozen_trial.intermediate_values)
+        self.gated = job.tune.pruner["name"] != "none" and rep.curve_key(job.tune.objective) is not None
 
     @property
     def label(self) -> str:
@@ -59,7 +63,12 @@ class Trial:
         for i, run in enumerate(self.runs):
             self.path = run.path
             wait_unlocked(run.path)  # a killed worker's run may still finish its round
-            status = runner.run_one(run, env, call=lambda cmd, i=i, run=run, **kw: call(
+            self.answered = 0
+            gate = {}
+            if self.gated and run.valid() and not run.finished():  # the run waits for the study after each report
+                run.path.mkdir(parents=True, exist_ok=True)
+                gate = study_gate.open_gate(run.path, rep.curve_key(self.job.tune.objective))
+            status = runner.run_one(run, {**env, **gate}, call=lambda cmd, i=i, run=run, **kw: call(
                 cmd, watch=lambda proc: self.watch(i, run, proc), **kw))
             if self.pruned:
                 self.job.tell(self, None, optuna.trial.TrialState.PRUNED)
@@ -76,25 +85,26 @@ class Trial:
         return "done"
 
     def watch(self, i: int, run: runner.Run, proc) -> None:
-        """Report the run's new evaluations; stop it (after its round) when the pruner says so."""
+        """Report the run's new evaluations; answer the last one (the run waits there): go on, or stop after it when
+        the pruner says so (once pruned, every later answer is stop)."""
         tune, key = self.job.tune, rep.curve_key(self.job.tune.objective)
         if key is None:
             return
         rows = [r for r in rep.read_curve(run.path) if r.get(key) is not None]
-        new = False
         for j, row in enumerate(rows):
             step = i * tune.rounds + int(row["round"])
             if step not in self.reported:
                 self.trial.report(self.job.intermediate(rows[:j + 1], key), step)
                 self.reported.add(step)
-                new = True
         if time.time() - self.beat > BEAT_S:
             self.trial.set_user_attr(tune_study.WORKER, tune_study.mine())
             self.beat = time.time()
-        if new and proc is not None and not self.pruned and tune.pruner["name"] != "none" and \
-                self.trial.should_prune():
-            self.pruned = True
-            proc.send_signal(signal.SIGUSR1)  # stops after its round in progress, its checkpoint written
+        last = int(rows[-1]["round"]) if rows else 0
+        if proc is None or not self.gated or last <= self.answered:
+            return
+        self.pruned = self.pruned or (last < tune.rounds and self.trial.should_prune())
+        self.answered = last
+        study_gate.answer(run.path, last, self.pruned)
 
 
 def wait_unlocked(path: Path, limit_s: float = 300.0) -> None:
