@@ -123,9 +123,12 @@ def fit_steps(args: dict[str, Any], fabric=None) -> Generator[Work | Evaluation,
         agreed = True
         return summary
     except Exception as e:  # the user's own code (a LightningModule's hook) raised mid-run: its frames, what is kept
-        from fedlight.tasks.lightning.errors import user_code_error
+        from fedlight.tasks.lightning.errors import internal_error_line, user_code_error
 
-        if refused or (mine := user_code_error(e, record)) is None:
+        if refused:
+            raise
+        if (mine := user_code_error(e, record)) is None:
+            print(internal_error_line(e, record), file=sys.stderr)  # with the traceback that follows
             raise
         raise mine from None
     finally:
