@@ -36,11 +36,12 @@ def call_hook(module: Any, name: str, *args: Any, sink: dict | None = None) -> A
 
 @contextmanager
 def frozen(module: Any, optimizers: list):
-    """Within the block, ``self.optimizers()`` steps nothing and ``self.manual_backward`` does nothing."""
-    saved = {k: module.__dict__.get(k) for k in ("optimizers", "manual_backward")}
+    """Within the block, ``self.optimizers()`` steps nothing; ``self.manual_backward`` and ``self.clip_gradients``
+    do nothing (no gradient is taken)."""
+    saved = {k: module.__dict__.get(k) for k in ("optimizers", "manual_backward", "clip_gradients")}
     views = [NoStep(o) for o in optimizers] or [NoStep()]
     module.__dict__["optimizers"] = lambda use_pl_optimizer=True: views[0] if len(views) == 1 else views
-    module.__dict__["manual_backward"] = lambda loss, *args, **kwargs: None
+    module.__dict__["manual_backward"] = module.__dict__["clip_gradients"] = lambda *args, **kwargs: None
     try:
         yield
     finally:
