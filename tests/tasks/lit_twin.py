@@ -36,7 +36,8 @@ class Epochs:
 def trainer_fit(module, batches: list, test_batches: list | None = None, later: tuple = (), **kwargs) -> dict:
     """Lightning's Trainer over ``batches`` (one epoch, then one per list of ``later``; then ``test`` over
     ``test_batches``); its metrics. ``kwargs``: more Trainer arguments."""
-    trainer = pl.Trainer(max_epochs=1 + len(later), accelerator="cpu", precision="64-true", logger=False, enable_checkpointing=False,
+    trainer = pl.Trainer(max_epochs=1 + len(later), accelerator="cpu", precision="64-true", logger=False,
+                         enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, **kwargs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no workers for a list of batches, and the like

@@ -10,9 +10,24 @@ import json
 
 import pytest
 import torch
-from lit_idioms import (AccumulatingSteps, BadBatchEnd, Counting, FitState, Freezing, GANSteps, LBFGSModule,
-                        ManualClip, ManualLBFGS, Monitored, OwnSchedulerStep, Outputs, Predicting, StatefulData, Steps,
-                        TrainerReads)
+from lit_idioms import (
+    AccumulatingSteps,
+    BadBatchEnd,
+    Counting,
+    FitState,
+    Freezing,
+    GANSteps,
+    LBFGSModule,
+    ManualClip,
+    ManualLBFGS,
+    Monitored,
+    Outputs,
+    OwnSchedulerStep,
+    Predicting,
+    StatefulData,
+    Steps,
+    TrainerReads,
+)
 from lit_twin import client_batches, trainer_fit
 from test_lightning_optim import K, _final, _fit1, _one_client, _same_init
 
@@ -88,8 +103,8 @@ def test_closure_optimizers_run_with_lightnings_closure_in_both_modes(tmp_path, 
 
 
 def test_a_closure_optimizer_under_a_rule_shaping_the_step_is_refused_in_one_line(tmp_path):
-    with pytest.raises(ConfigError, match=r"LBFGSModule.configure_optimizers\(\) returns LBFGS, whose step re-evaluates "
-                                          r"the loss through a closure; FedSAM shapes the local step"):
+    with pytest.raises(ConfigError, match=r"LBFGSModule.configure_optimizers\(\) returns LBFGS, whose step "
+                                          r"re-evaluates the loss through a closure; FedSAM shapes the local step"):
         fedlight.fit(LBFGSModule(), _one_client(), fedlight.create("fedsam"),
                      loop=LoopConfig(rounds=1, clients_per_round=1, local_steps=2, progress=False),
                      out_dir=str(tmp_path / "sam"))
@@ -101,7 +116,8 @@ def test_a_failure_in_fedlights_own_code_says_so_in_a_fedlight_line(tmp_path, ca
     from fedlight.tasks.lightning import errors, hooks
 
     # a bug of fedlight's own: the exception raised in fedlight's code, no frame of the user's on the way
-    monkeypatch.setattr(hooks.ClientHooks, "end", staticmethod(functools.partial(errors._reraise, RuntimeError("internal"))))
+    broken = functools.partial(errors._reraise, RuntimeError("internal"))
+    monkeypatch.setattr(hooks.ClientHooks, "end", staticmethod(broken))
     with pytest.raises(RuntimeError, match="internal"):
         _fit1(tmp_path, Steps())
     assert ("fedlight: the run failed inside fedlight or a library it calls, not in your code (RuntimeError: "

@@ -20,8 +20,15 @@ from fedlight.core.params import in_stacked
 from fedlight.tasks.lightning.compat import note, overrides
 from fedlight.tasks.lightning.groups import optimizers_of
 from fedlight.tasks.lightning.logs import capture_logs
-from fedlight.tasks.lightning.stepping import (ClientOptimizer, NoStep, SchedulerView, StepView, needs_closure,
-                                               rerun_closure, schedulers)
+from fedlight.tasks.lightning.stepping import (
+    ClientOptimizer,
+    NoStep,
+    SchedulerView,
+    StepView,
+    needs_closure,
+    rerun_closure,
+    schedulers,
+)
 
 
 def call_hook(module: Any, name: str, *args: Any, sink: dict | None = None) -> Any:
@@ -107,7 +114,8 @@ class ClientHooks:
             trainer.optimizers = saved
 
     def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
-        """Lightning's ``manual_backward``: ``on_before_backward``, the precision-aware backward, ``on_after_backward``."""
+        """Lightning's ``manual_backward``: ``on_before_backward``, the precision-aware backward,
+        ``on_after_backward``."""
         ctx = self.ctx
         self.call("on_before_backward", loss)
         if ctx.fabric is None or ctx._plain:

@@ -149,9 +149,9 @@ def _check_closure(name: str, optimizers: list, algorithm, manual: bool) -> None
     closing = [type(o).__name__ for o in optimizers if needs_closure(o)]
     if closing and not manual and type(algorithm.local) is not LocalUpdateRule:
         rule = type(algorithm).__name__
-        raise ConfigError(f"{name}.configure_optimizers() returns {closing[0]}, whose step re-evaluates the loss through "
-                          f"a closure; {rule} shapes the local step (its own gradients and corrections), which a "
-                          "closure cannot re-run: train it under a rule whose client step is FedAvg's (fedavg, "
+        raise ConfigError(f"{name}.configure_optimizers() returns {closing[0]}, whose step re-evaluates the loss "
+                          f"through a closure; {rule} shapes the local step (its own gradients and corrections), "
+                          "which a closure cannot re-run: train it under a rule whose client step is FedAvg's (fedavg, "
                           "fedavgm, fedadam), or return an optimizer that steps without a closure (SGD, Adam ...)")
 
 
