@@ -253,3 +253,49 @@ class OwnSchedulerStep(LitMLP):
 class Predicting(LitMLP):
     def predict_step(self, batch, batch_idx):
         return self(batch[0]).argmax(-1)
+
+
+class EveryHook(LitMLP):
+    """Records every per-step training hook (with the global_step it sees), automatic or manual optimisation."""
+
+    def __init__(self, manual: bool = False):
+        super().__init__(momentum=0.0)
+        self.automatic_optimization, self.order = not manual, []
+
+    def _record(self, name):
+        self.order.append((name, self.global_step))
+
+    def on_train_epoch_start(self):
+        self._record("on_train_epoch_start")
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self._record("on_train_batch_start")
+
+    def on_before_zero_grad(self, optimizer):
+        self._record("on_before_zero_grad")
+
+    def on_before_backward(self, loss):
+        self._record("on_before_backward")
+
+    def on_after_backward(self):
+        self._record("on_after_backward")
+
+    def on_before_optimizer_step(self, optimizer):
+        self._record("on_before_optimizer_step")
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self._record("on_train_batch_end")
+
+    def on_train_epoch_end(self):
+        self._record("on_train_epoch_end")
+
+    def training_step(self, batch, batch_idx):
+        self._record("training_step")
+        loss = F.cross_entropy(self(batch[0]), batch[1])
+        if self.automatic_optimization:
+            return loss
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        return loss

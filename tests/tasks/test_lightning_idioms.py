@@ -14,6 +14,7 @@ from lit_idioms import (
     AccumulatingSteps,
     BadBatchEnd,
     Counting,
+    EveryHook,
     FitState,
     Freezing,
     GANSteps,
@@ -74,6 +75,13 @@ def test_global_step_is_lightnings_count_of_optimizer_steps_in_both_modes(tmp_pa
     want = {Steps: list(range(2 * K)), AccumulatingSteps: [i // 2 for i in range(2 * K)],
             GANSteps: list(range(0, 4 * K, 2))}[cls]
     assert theirs.at_step == want
+
+
+@pytest.mark.parametrize("manual", [False, True])
+def test_every_step_hook_in_the_trainers_order_with_its_global_step_in_both_modes(tmp_path, manual):
+    ours, theirs, _ = _twins(tmp_path, lambda: EveryHook(manual), rounds=2)
+    assert ours.order == theirs.order
+    assert ("on_after_backward", 0) in theirs.order and ("on_train_batch_end", 2 * K) in theirs.order
 
 
 # ------------------------------------------------------------------------------------------------ on_train_batch_end

@@ -58,7 +58,11 @@ class ClientOptimizer:
                               ctx.max_grad_norm)
             return out
 
-        out = plain_step(ctx, opt, closure=wrapped, **kwargs)
+        if needs_closure(opt):  # LBFGS calls it as often as it needs
+            out = plain_step(ctx, opt, closure=wrapped, **kwargs)
+        else:  # once, then the step (as Lightning's precision plugins do; a GradScaler takes no closure)
+            out = wrapped()
+            plain_step(ctx, opt, **kwargs)
         hooks.counted()
         return out
 

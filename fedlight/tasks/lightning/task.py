@@ -113,7 +113,7 @@ class LightningTask(Task):
         self.round, self.steps = info.round, max(1, round(info.num_steps))
         if self.trainer is not None and not self.started:
             self.started = True
-            self.trainer.at(self.round, self.round * self.steps, "training")
+            self.trainer.at(self.round, self.step_offset(self.round, self.steps), "training")
             call_hook(self.module, "on_fit_start")
             call_hook(self.module, "on_train_start")
 
