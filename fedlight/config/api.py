@@ -23,6 +23,7 @@ from fedlight.data import FederatedDataModule
 from fedlight.data.augment import adopt_preprocessing
 from fedlight.data.mapstyle import DataModuleLike
 from fedlight.engine.work import Evaluation, Work, drive
+from fedlight.errors import ConfigError
 from fedlight.privacy.record import uses_per_round
 from fedlight.privacy.settings import PrivacyConfig
 from fedlight.privacy.wrap import check_model, private
@@ -123,9 +124,11 @@ def fit_steps(args: dict[str, Any], fabric=None) -> Generator[Work | Evaluation,
         agreed = True
         return summary
     except Exception as e:  # the user's own code (a LightningModule's hook) raised mid-run: its frames, what is kept
-        from fedlight.tasks.lightning.errors import internal_error_line, user_code_error
+        from fedlight.tasks.lightning.errors import internal_error_line, passes_user_code, user_code_error
 
         if refused:
+            if not isinstance(e, ConfigError) and not passes_user_code(e):
+                print(internal_error_line(e, record), file=sys.stderr)  # with the traceback that follows
             raise
         if (mine := user_code_error(e, record)) is None:
             print(internal_error_line(e, record), file=sys.stderr)  # with the traceback that follows

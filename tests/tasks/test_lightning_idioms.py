@@ -130,6 +130,12 @@ def test_a_failure_in_fedlights_own_code_says_so_in_a_fedlight_line(tmp_path, ca
         _fit1(tmp_path, Steps())
     assert ("fedlight: the run failed inside fedlight or a library it calls, not in your code (RuntimeError: "
             "internal); no round had finished, so nothing is kept. Please report it") in capsys.readouterr().err
+    from fedlight.tasks.lightning import optim
+
+    monkeypatch.setattr(optim, "_check_clipping", None)  # the same before round 1: a TypeError in fedlight's code
+    with pytest.raises(TypeError, match="not callable"):
+        _fit1(tmp_path, Steps(), "before")
+    assert "fedlight: the run failed inside fedlight or a library it calls" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------ clip_gradients

@@ -41,6 +41,11 @@ def user_code_error(e: BaseException, record: Any) -> UserCodeError | None:
     return UserCodeError(f"your code raised during training:\n{where}\n{what}\nfedlight: {rounds}")
 
 
+def passes_user_code(e: BaseException) -> bool:
+    """Whether ``e``'s traceback passes through the user's code."""
+    return any(_users(f.filename) for f in traceback.extract_tb(e.__traceback__))
+
+
 def internal_error_line(e: BaseException, record: Any) -> str:
     """The fedlight line said with a failure that passed through no code of the user's (a bug of fedlight's, or of a
     library it calls): what failed, which rounds are kept and that the traceback is fedlight's to fix."""
