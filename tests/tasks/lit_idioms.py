@@ -236,13 +236,17 @@ class Monitored(LitMLP):
 
 
 class Freezing(LitMLP):
-    """The fine-tuning idiom: the first layer frozen during the first epoch, unfrozen after."""
+    """The fine-tuning idiom: the first layer frozen during the first epoch, unfrozen after (with weight decay, which
+    Lightning's optimizer does not apply to a parameter without gradient)."""
 
     def __init__(self):
         super().__init__(momentum=0.0)
 
     def on_train_epoch_start(self):
         self.net[0].requires_grad_(self.current_epoch > 0)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.2, weight_decay=0.1)
 
 
 class OwnSchedulerStep(LitMLP):

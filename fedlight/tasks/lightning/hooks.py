@@ -25,6 +25,7 @@ from fedlight.tasks.lightning.stepping import (
     NoStep,
     SchedulerView,
     StepView,
+    frozen_out,
     needs_closure,
     rerun_closure,
     schedulers,
@@ -176,6 +177,7 @@ class ClientHooks:
         optimizer.step = hooked
 
     def _step(self, optimizer: Any, step: Any, *args: Any, **kwargs: Any) -> Any:
+        frozen_out(optimizer)
         self.call("on_before_optimizer_step", optimizer)
         if self.clips_itself:  # Lightning's Trainer calls it after on_before_optimizer_step, with its clip settings
             trainer = self.task.trainer

@@ -17,6 +17,15 @@ import torch
 from fedlight.core import params as P
 
 
+def frozen_out(optimizer: Any) -> None:
+    """A parameter the module froze (``requires_grad_(False)``, ``freeze()``) has no gradient under Lightning, so its
+    optimizer skips it (no weight decay, no momentum); fedlight's rules filled a zero one: removed."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not p.requires_grad:
+                p.grad = None
+
+
 def needs_closure(optimizer: Any) -> bool:
     """Whether ``optimizer.step`` requires a closure (``torch.optim.LBFGS``)."""
     try:
@@ -52,6 +61,7 @@ class ClientOptimizer:
 
         def wrapped():
             out = closure() if closure is not None else None
+            frozen_out(opt)
             hooks.call("on_before_optimizer_step", opt)
             with torch.no_grad():
                 P.joint_clip_([p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None],
