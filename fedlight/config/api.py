@@ -123,15 +123,14 @@ def fit_steps(args: dict[str, Any], fabric=None) -> Generator[Work | Evaluation,
             raise
         agreed = True
         return summary
-    except Exception as e:  # the user's own code (a LightningModule's hook) raised mid-run: its frames, what is kept
+    except Exception as e:  # the user's own code (a LightningModule's hook) raised mid-run: its frames, what is kept;
+        # a failure in fedlight's own code: a fedlight line before the traceback
         from fedlight.tasks.lightning.errors import internal_error_line, passes_user_code, user_code_error
 
-        if refused:
-            if not isinstance(e, ConfigError) and not passes_user_code(e):
-                print(internal_error_line(e, record), file=sys.stderr)  # with the traceback that follows
-            raise
-        if (mine := user_code_error(e, record)) is None:
-            print(internal_error_line(e, record), file=sys.stderr)  # with the traceback that follows
+        said = isinstance(e, (ConfigError, stops.Stopped, stops.StoppedAtStart))  # fedlight's own lines
+        if refused or (mine := user_code_error(e, record)) is None:
+            if not said and not passes_user_code(e):  # a failure in fedlight's code: one fedlight line with it
+                print(internal_error_line(e, record), file=sys.stderr)  # (the traceback follows)
             raise
         raise mine from None
     finally:
