@@ -91,11 +91,16 @@ class LBFGSModule(LitMLP):
 
     def __init__(self):
         super().__init__()
-        self.evaluations = 0
+        self.evaluations, self.ends = 0, []
 
     def training_step(self, batch, batch_idx):
         self.evaluations += 1
-        return F.cross_entropy(self(batch[0]), batch[1])
+        loss = F.cross_entropy(self(batch[0]), batch[1])
+        self.log("lbfgs_loss", loss, on_step=False, on_epoch=True)  # every closure call logs, as in Lightning
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.ends.append(float(outputs["loss"]) if outputs else None)  # the last closure call's loss
 
     def configure_optimizers(self):
         return torch.optim.LBFGS(self.parameters(), lr=0.5, max_iter=4)

@@ -105,9 +105,11 @@ def test_a_module_failing_in_on_train_batch_end_fails_before_round_1_with_its_ow
 # ------------------------------------------------------------------------------------------------ closure optimizers
 @pytest.mark.parametrize("cls", [LBFGSModule, ManualLBFGS])
 def test_closure_optimizers_run_with_lightnings_closure_in_both_modes(tmp_path, cls):
-    ours, theirs, _ = _twins(tmp_path, cls)
+    ours, theirs, metrics = _twins(tmp_path, cls)
     if cls is LBFGSModule:  # each closure call re-ran training_step (the check of one batch runs on a copy)
         assert ours.evaluations == theirs.evaluations > K
+        assert ours.ends == pytest.approx(theirs.ends, abs=1e-12) and len(theirs.ends) == K
+        assert _rows(tmp_path)[0]["train/lbfgs_loss"] == pytest.approx(metrics["lbfgs_loss"], abs=1e-12)
 
 
 def test_a_closure_optimizer_under_a_rule_shaping_the_step_is_refused_in_one_line(tmp_path):

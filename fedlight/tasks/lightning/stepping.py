@@ -95,7 +95,11 @@ def rerun_closure(hooks: Any, optimizer: Any, loss: Any) -> Any:
         if calls[0] == 1:
             return loss
         ctx.zero_grad()
-        out = ctx.forward_backward(hooks.model, hooks.batch)
+        ctx.scratch["lightning_closure"] = True  # its logs and outputs are kept, as each call of Lightning's closure
+        try:
+            out = ctx.forward_backward(hooks.model, hooks.batch)
+        finally:
+            ctx.scratch["lightning_closure"] = False
         hooks.call("on_after_backward")
         hooks.call("on_before_optimizer_step", optimizer)
         with torch.no_grad():

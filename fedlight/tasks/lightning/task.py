@@ -211,7 +211,9 @@ class LightningTask(Task):
                     return self._skipped(ctx, hooks)
             with capture_logs(module) as logs, hooks.trainer_optimizers() if hooks is not None else nullcontext():
                 loss = self.objective(model, batch, k)
-            if hooks is not None:
+            again = ctx.scratch.get("lightning_closure")  # a closure optimizer's re-evaluation: Lightning's closure
+            if hooks is not None and (again or ctx.scratch.get("lightning_out") != k):  # (SAM: the first one)
+                ctx.scratch["lightning_out"] = k
                 hooks.outputs = batch_output(self.output, loss, self.manual)
             if loss is None:
                 loss = self._skipped(ctx, hooks)
@@ -220,7 +222,7 @@ class LightningTask(Task):
             if hooks is not None:
                 logs.update(hooks.logs)
                 hooks.logs.clear()
-            if logs and not in_stacked() and ctx.scratch.get("lightning_logged") != k:  # a rule evaluating
+            if logs and not in_stacked() and (again or ctx.scratch.get("lightning_logged") != k):  # a rule evaluating
                 ctx.scratch["lightning_logged"] = k  # the step twice (SAM) logs it once, at the first evaluation
                 self._train_logs(logs, sums, ctx, batch)
             return loss
