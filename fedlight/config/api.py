@@ -23,6 +23,7 @@ from fedlight.data import FederatedDataModule
 from fedlight.data.augment import adopt_preprocessing
 from fedlight.data.mapstyle import DataModuleLike
 from fedlight.engine.work import Evaluation, Work, drive
+from fedlight.errors import ConfigError
 from fedlight.privacy.record import uses_per_round
 from fedlight.privacy.settings import PrivacyConfig
 from fedlight.privacy.wrap import check_model, private
@@ -122,10 +123,14 @@ def fit_steps(args: dict[str, Any], fabric=None) -> Generator[Work | Evaluation,
             raise
         agreed = True
         return summary
-    except Exception as e:  # the user's own code (a LightningModule's hook) raised mid-run: its frames, what is kept
-        from fedlight.tasks.lightning.errors import user_code_error
+    except Exception as e:  # the user's own code (a LightningModule's hook) raised mid-run: its frames, what is kept;
+        # a failure in fedlight's own code: a fedlight line before the traceback
+        from fedlight.tasks.lightning.errors import internal_error_line, passes_user_code, user_code_error
 
+        said = isinstance(e, (ConfigError, stops.Stopped, stops.StoppedAtStart))  # fedlight's own lines
         if refused or (mine := user_code_error(e, record)) is None:
+            if not said and not passes_user_code(e):  # a failure in fedlight's code: one fedlight line with it
+                print(internal_error_line(e, record), file=sys.stderr)  # (the traceback follows)
             raise
         raise mine from None
     finally:

@@ -86,7 +86,7 @@ class FederatedLoop:
         x = P.clone(self.live)
         self.server.setup(x)
         self.state = LoopState(params=x, buffers=P.clone(self.live_buffers), int_buffers=step_counters(self.model),
-                               server=self.server, store=self._store(), meta=self._meta(x))
+                               server=self.server, store=self._store(), meta=self._meta(x), task=self.task)
         setup = TrainSetup(model=self.model, local=self.local, fabric=fabric,
                            optimizer=optimizer or cfg.optimizer_factory(), task=self.task,
                            max_grad_norm=cfg.clip_norm, weight_decay=cfg.weight_decay, seed=seed)

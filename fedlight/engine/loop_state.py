@@ -25,10 +25,10 @@ from fedlight.run.files import CHECKPOINT_FORMAT, cpu_copy, meta_differences, to
 from fedlight.run.record import dumps
 
 CHECKPOINT_KEYS = ("format", "round", "params", "buffers", "int_buffers", "server", "store", "totals", "meta",
-                   "settings", "segments", "last_row", "run_id")
+                   "settings", "segments", "last_row", "run_id", "task")
 """Every key of a checkpoint (format 1), written by :meth:`LoopState.snapshot` and read by :meth:`LoopState.restore`;
 a new key is added here and in both methods."""
-OPTIONAL_KEYS = ("run_id",)
+OPTIONAL_KEYS = ("run_id", "task")
 """Keys a checkpoint written before them lacks (it resumes as before)."""
 
 
@@ -67,6 +67,9 @@ class LoopState:
     run_id: str = field(default_factory=lambda: secrets.token_hex(8))
     """The run's identity, kept through every resume: config.yaml, summary.json and each checkpoint carry it, so
     ``fedlight verify`` tells another run's file copied in (a checkpoint from before it: a new one from the resume)."""
+    task: Any = field(default=None, repr=False)
+    """The run's task: what it keeps across rounds (a LightningModule's ``on_save_checkpoint`` extras, its DataModule's
+    state) is the checkpoint's ``task`` (``Task.checkpoint_state`` / ``Task.load_checkpoint_state``)."""
     clock: float | None = field(default=None, repr=False)
     """``time.perf_counter()`` when this process's first round began (``None``: not yet); not checkpointed."""
 
@@ -103,6 +106,7 @@ class LoopState:
             "segments": json.dumps(self.segments),
             "last_row": dumps(self.last_row) if self.last_row is not None else "",
             "run_id": self.run_id,
+            "task": self.task.checkpoint_state() if self.task is not None else {},
         }
 
     def restore(self, ckpt: dict[str, Any], device: Any) -> None:
@@ -124,6 +128,8 @@ class LoopState:
         self.segments = json.loads(ckpt["segments"])
         self.last_row = json.loads(ckpt["last_row"]) if ckpt["last_row"] else None
         self.run_id = ckpt.get("run_id") or self.run_id
+        if self.task is not None and ckpt.get("task"):
+            self.task.load_checkpoint_state(ckpt["task"], None)
 
 
 def _text(value: Any) -> str:

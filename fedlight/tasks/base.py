@@ -85,6 +85,13 @@ class Task:
     def end(self, model: nn.Module) -> None:
         """The run finished (after ``final_model.pt`` is written)."""
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What the task keeps in every checkpoint (a LightningModule's own checkpoint extras); ``{}``: nothing."""
+        return {}
+
+    def load_checkpoint_state(self, state: dict[str, Any], model: nn.Module | None) -> None:
+        """Given back on ``--resume`` (what :meth:`checkpoint_state` kept)."""
+
     # ----------------------------------------------------------------------------------------- training
     def objective(self, model: nn.Module, batch: Any) -> Tensor:
         """The client's mean training loss on ``batch`` (a 0-dim tensor)."""

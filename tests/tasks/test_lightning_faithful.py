@@ -127,9 +127,10 @@ def test_configure_callbacks_each_said_at_round_level_and_others_refused_before_
     assert "lr" in json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     with pytest.raises(ConfigError, match=r"returns Printer, whose hooks fedlight does not call"):
         _fit1(tmp_path, OwnCallback(), "own")
-    with pytest.raises(ConfigError, match=r"Clipping.configure_gradient_clipping: fedlight clips by "
-                                          r"`loop.max_grad_norm`"):
-        _fit1(tmp_path, Clipping(), "clip")
+    _equal_to_lightnings_trainer(tmp_path / "clip", Clipping)  # called after on_before_optimizer_step, as the Trainer
+    with pytest.raises(ConfigError, match=r"Clipping.configure_gradient_clipping clips the gradients itself, and "
+                                          r"`loop.max_grad_norm` 1 would clip them before it"):
+        _fit1(tmp_path, Clipping(), "clip_twice", max_grad_norm=1.0)
     from lit import BlobsDataModule
 
     class Augmenting(BlobsDataModule):

@@ -177,11 +177,12 @@ def test_the_docs_table_lists_every_attribute_the_stand_in_answers_with_its_valu
             "logged_metrics": {}, "lightning_module": module, "optimizers": [], "lr_scheduler_configs": [],
             "datamodule": "dm", "training": False, "testing": False, "validating": False, "sanity_checking": False,
             "accumulate_grad_batches": 1, "fast_dev_run": False, "progress_bar_callback": None, "global_step": 0,
-            "current_epoch": 0}
+            "current_epoch": 0, "gradient_clip_val": None, "gradient_clip_algorithm": None}
     assert {k: getattr(trainer, k) for k in want} == want
     assert type(trainer.strategy).__name__ == "SingleDeviceStrategy"
     assert isinstance(trainer.logger, TensorBoardLogger) and trainer.loggers == [trainer.logger]
     assert type(trainer.logger.experiment).__name__ == "_DummyExperiment"  # the run's files are not open yet
-    assert set(want) | {"strategy", "logger", "loggers"} == set(PROVIDED)
+    assert type(trainer.precision_plugin).__name__ == "Precision"  # Lightning's, for self.clip_gradients
+    assert set(want) | {"strategy", "logger", "loggers", "precision_plugin"} == set(PROVIDED)
     with pytest.raises(NotUnderFedlight, match="`self.trainer.fit_loop` is not available under fedlight"):
         trainer.fit_loop

@@ -41,6 +41,25 @@ def user_code_error(e: BaseException, record: Any) -> UserCodeError | None:
     return UserCodeError(f"your code raised during training:\n{where}\n{what}\nfedlight: {rounds}")
 
 
+def passes_user_code(e: BaseException) -> bool:
+    """Whether ``e``'s traceback passes through the user's code."""
+    return any(_users(f.filename) for f in traceback.extract_tb(e.__traceback__))
+
+
+def internal_error_line(e: BaseException, record: Any) -> str:
+    """The fedlight line said with a failure that passed through no code of the user's (a bug of fedlight's, or of a
+    library it calls): what failed, which rounds are kept and that the traceback is fedlight's to fix."""
+    try:
+        record.flush()
+    except Exception:  # noqa: BLE001 - the line below still holds for what reached the disk
+        pass
+    kept = getattr(record, "saved_round", 0)
+    rounds = (f"rounds 1-{kept} are kept in {record.out}/checkpoints/last.ckpt (`--resume auto` continues from round "
+              f"{kept + 1})" if kept else "no round had finished, so nothing is kept")
+    return (f"fedlight: the run failed inside fedlight or a library it calls, not in your code ({_what(e)}); {rounds}. "
+            "Please report it with the traceback below")
+
+
 def guard_user(what: str, fn: Any, batch: Any = None) -> Any:
     """Run ``fn`` (the module's own step before round 1); an exception raised in the user's code becomes a
     :class:`ConfigError` showing the user's frames (string labels in ``batch`` named as the cause)."""

@@ -17,9 +17,6 @@ REFUSED = {
     "optimizer_zero_grad": "fedlight zeroes a client's gradients before each local step (Lightning's default), so an "
                            "overridden optimizer_zero_grad is not called; remove it (accumulate gradients with manual "
                            "optimisation, which fedlight runs as Lightning does)",
-    "configure_gradient_clipping": "fedlight clips by `loop.max_grad_norm` (the Trainer's gradient_clip_val), so "
-                                   "configure_gradient_clipping is not called; remove it and set "
-                                   "`--loop.max_grad_norm`",
     "lr_scheduler_step": "fedlight replays schedulers by their own step() (docs/lightning.md), so lr_scheduler_step "
                          "is not called; return a torch scheduler (e.g. LambdaLR over your schedule's function)",
     "transfer_batch_to_device": "fedlight moves the batches to the device itself, so the batch-transfer hooks are "
@@ -36,10 +33,6 @@ SAME_AS = {"on_before_batch_transfer": "transfer_batch_to_device", "on_after_bat
 NOTED = {
     "predict_step": "fedlight does not predict: predict_step (and the predict hooks) are not called in the run; "
                     "load RUN/final_model.ckpt with load_from_checkpoint and use Trainer.predict",
-    "on_save_checkpoint": "on_save_checkpoint is called once, for RUN/final_model.ckpt; fedlight's round "
-                          "checkpoints (for --resume) hold the parameters, buffers and the rule's state only",
-    "on_load_checkpoint": "on_load_checkpoint is called by load_from_checkpoint on RUN/final_model.ckpt; --resume "
-                          "restores fedlight's own checkpoint without it",
 }
 
 

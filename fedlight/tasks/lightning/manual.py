@@ -28,11 +28,12 @@ class ManualLocalUpdate(LocalUpdateRule):
     def step(self, model: nn.Module, batch: Any, ctx: LocalContext) -> Tensor:
         loss = ctx.loss(model, batch)
         hooks = ctx.scratch.get("lightning_hooks")
-        if hooks is not None and ctx.step_index == ctx.num_steps - 1:
-            hooks.end()
+        if hooks is not None:
+            hooks.batch_end(ctx.step_index)
+            if ctx.step_index == ctx.num_steps - 1:
+                hooks.end()
         ctx.step_index += 1
         return loss.detach() if isinstance(loss, Tensor) and loss.dim() == 0 else torch.zeros(())
-
 
     def finish(self, model: nn.Module, ctx: LocalContext):
         ctx.zero_grad()

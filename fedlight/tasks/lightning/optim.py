@@ -55,6 +55,8 @@ def local_optimization(task: Any, fabric, model, algorithm, loop: LoopConfig, da
         return _said(fabric, loop, algorithm, None, f"{type(algorithm).__name__} prescribes its own local "
                      f"optimizer; {name}.configure_optimizers() is not used (read only for its param groups; nor its "
                      f"lr schedulers); {schedule}")
+    _check_closure(name, optimizers, algorithm, task.manual)
+    _check_clipping(model, name, clip, task.manual)
     if getattr(task, "hidden", None):
         note(fabric, f"{name}.{', '.join(task.hidden)}, stepped in its optimizer_step, is replayed per client step "
                      "r·K+k as an `interval: \"step\"` scheduler (the step its optimizer_step takes there)")
@@ -136,6 +138,30 @@ def _check_groups(name: str, factory: ModuleOptimizers, algorithm, loop: LoopCon
         raise ConfigError(f"{name}.configure_optimizers(): param group {i} ({what}) differs from group 0 ({first}); "
                           f"{why}, so it cannot honour the group. Use a rule that steps the module's optimizer "
                           "(fedavg, fedavgm, fedadam, fedsam ...), or give every group the same lr and weight decay")
+
+
+def _check_closure(name: str, optimizers: list, algorithm, manual: bool) -> None:
+    """An optimizer that needs a closure (LBFGS) re-evaluates the loss inside its step: FedAvg's client step takes it
+    (Lightning's closure re-runs training_step on the batch); a rule that shapes the step cannot, and refuses."""
+    from fedlight.core.rules import LocalUpdateRule
+    from fedlight.tasks.lightning.stepping import needs_closure
+
+    closing = [type(o).__name__ for o in optimizers if needs_closure(o)]
+    if closing and not manual and type(algorithm.local) is not LocalUpdateRule:
+        rule = type(algorithm).__name__
+        raise ConfigError(f"{name}.configure_optimizers() returns {closing[0]}, whose step re-evaluates the loss "
+                          f"through a closure; {rule} shapes the local step (its own gradients and corrections), "
+                          "which a closure cannot re-run: train it under a rule whose client step is FedAvg's (fedavg, "
+                          "fedavgm, fedadam), or return an optimizer that steps without a closure (SGD, Adam ...)")
+
+
+def _check_clipping(model, name: str, clip: float | None, manual: bool) -> None:
+    """An overridden ``configure_gradient_clipping`` decides the clip (the Trainer passes it its own settings):
+    with `loop.max_grad_norm` a number as well, the gradients would be clipped twice."""
+    if clip is not None and not manual and overrides(model, "configure_gradient_clipping"):
+        raise ConfigError(f"{name}.configure_gradient_clipping clips the gradients itself, and `loop.max_grad_norm` "
+                          f"{clip:g} would clip them before it: set `--loop.max_grad_norm auto` (no clip of "
+                          "fedlight's) and clip in configure_gradient_clipping, or remove the override")
 
 
 def _one_lr(part: Any, depth: int = 0) -> bool:

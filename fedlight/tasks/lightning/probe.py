@@ -22,18 +22,21 @@ def probe(task: Any, model, train_batch, test_batch, fabric=None) -> None:
     if not overrides(model, "training_step"):
         raise ConfigError(f"{name} has no training_step: fedlight trains clients with it. Define "
                           "`training_step(self, batch, batch_idx)` returning the loss")
-    loss = _probe_loss(task, model, train_batch, fabric)
+    copy = _copy(task, model)
+    loss = _probe_loss(task, copy, train_batch, fabric)
     if not task.manual and (not isinstance(loss, Tensor) or loss.dim() != 0):
         raise ConfigError(f"{name}.training_step must return a scalar loss, got "
                           f"{tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__}")
     step = next((s for s in ("test_step", "validation_step") if overrides(model, s)), None)
     task.by_loss = step is None
+    # the evaluation on the copy whose start hooks ran: state on_fit_start creates exists, as in fit-then-test
     logged = guard(f"{name}.{step or 'training_step on a test batch'}",
-                   lambda: task.evaluate(model, [test_batch], fabric), test_batch)
+                   lambda: task.evaluate(copy, [test_batch], fabric), test_batch)
     if not logged and step is not None:
         task.by_loss = True
-        logged = guard(f"{name}.training_step on a test batch", lambda: task.evaluate(model, [test_batch], fabric),
+        logged = guard(f"{name}.training_step on a test batch", lambda: task.evaluate(copy, [test_batch], fabric),
                        test_batch)
+    _own_metrics(task, copy, model)
     if task.by_loss:
         why = f"{name}.{step} logs nothing" if step else f"{name} defines neither test_step nor validation_step"
         by = ("training_step's loss on the test set (`test_loss`)" if "test_loss" in logged else
@@ -48,11 +51,13 @@ def probe(task: Any, model, train_batch, test_batch, fabric=None) -> None:
     _reset_metrics(model)  # on_fit_start / on_train_start: when the first round begins (LightningTask.begin_round)
 
 
-def _probe_loss(task: Any, model, batch, fabric) -> Any:
+def _probe_loss(task: Any, copy, batch, fabric) -> Any:
     """``training_step`` on one batch, after the start hooks in Lightning's order (``on_fit_start``,
-    ``on_train_start``, ``on_train_epoch_start``, ``on_train_batch_start``), so state they create exists: all on a
-    copy of the module, so that the module that trains gets each hook once, at its moment (``begin_round``)."""
-    copy = _copy(task, model)
+    ``on_train_start``, ``on_train_epoch_start``, ``on_train_batch_start``), so state they create exists, then
+    ``on_train_batch_end`` with what Lightning passes it: all on a copy of the module, so that the module that trains
+    gets each hook once, at its moment (``begin_round``)."""
+    from fedlight.tasks.lightning.hooks import batch_output
+
     was = copy.training
     copy.eval()
     optimizers = task.trainer.optimizers if task.trainer is not None else []
@@ -63,9 +68,12 @@ def _probe_loss(task: Any, model, batch, fabric) -> Any:
                     for hook, args in (("on_fit_start", ()), ("on_train_start", ()), ("on_train_epoch_start", ()),
                                        ("on_train_batch_start", (batch, 0))):
                         getattr(copy, hook)(*args)
-                return task._probe_loss(copy, batch, fabric)
+                loss = task._probe_loss(copy, batch, fabric)
+                if task.trainer is not None:
+                    copy.on_train_batch_end(batch_output(task.output, loss, task.manual), batch, 0)
+                return loss
 
-            return guard(f"{module_name(model)}.training_step", step, batch)
+            return guard(f"{module_name(copy)}.training_step", step, batch)
     finally:
         copy.train(was)
 
@@ -84,6 +92,14 @@ def _copy(task: Any, model) -> Any:
     if task.trainer is not None and is_lightning_module(module):  # Lightning does not copy its trainer
         module.trainer = task.trainer
     return copied
+
+
+def _own_metrics(task: Any, copy, model) -> None:
+    """The torchmetrics objects the evaluation learned on the copy, as the module's own (same place in it)."""
+    if copy is model:
+        return
+    where = {id(m): n for n, m in copy.named_modules()}
+    task._objects = {k: model.get_submodule(where[id(v)]) for k, v in task._objects.items() if id(v) in where}
 
 
 def _reset_metrics(model) -> None:

@@ -26,7 +26,7 @@ from fedlight.core.params import in_stacked
 from fedlight.errors import ConfigError
 from fedlight.tasks.base import LocalOptimization, Task, higher_is_better
 from fedlight.tasks.lightning.compat import is_lightning_module, module_name, takes_index
-from fedlight.tasks.lightning.hooks import ClientHooks, call_hook, frozen, set_lrs
+from fedlight.tasks.lightning.hooks import ClientHooks, batch_output, call_hook, frozen, set_lrs
 from fedlight.tasks.lightning.logs import ClientLogs, aggregator, batch_size, capture_logs
 from fedlight.tasks.lightning.trainer import FedTrainer, attach
 
@@ -63,6 +63,8 @@ class LightningTask(Task):
         self.hidden: dict[str, Any] = {}  # schedulers an overridden optimizer_step steps, by attribute (.schedule)
         self.data: Any = None
         self.record: Any = None  # the run record (set by the driver): the module's self.logger writes there
+        self.output: Any = None  # what training_step last returned (on_train_batch_end's outputs are made of it)
+        self.round_steps: dict[int, int] = {}  # manual optimisation: optimizer steps a client of K batches takes
 
     # ----------------------------------------------------------------------------------------- headline
     @property
@@ -111,9 +113,50 @@ class LightningTask(Task):
         self.round, self.steps = info.round, max(1, round(info.num_steps))
         if self.trainer is not None and not self.started:
             self.started = True
-            self.trainer.at(self.round, self.round * self.steps, "training")
+            self.trainer.at(self.round, self.step_offset(self.round, self.steps), "training")
             call_hook(self.module, "on_fit_start")
             call_hook(self.module, "on_train_start")
+
+    # ----------------------------------------------------------------------------------------- global_step
+    def step_offset(self, round: int, steps: int) -> int:
+        """``global_step`` when a client of ``steps`` batches begins round ``round``: the optimizer steps a Trainer
+        fitting that client would have counted in the rounds before (``K`` a round under automatic optimisation;
+        under manual optimisation the ``S`` a client of ``K`` batches took, learned from its first round)."""
+        if not self.manual:
+            return round * steps
+        if steps not in self.round_steps and self.round_steps:  # a client size not seen yet: the nearest one's rate
+            near = min(self.round_steps, key=lambda k: abs(k - steps))
+            return round * round_half(self.round_steps[near] * steps / near)
+        return round * self.round_steps.get(steps, steps)
+
+    def learned_steps(self, steps: int, taken: int) -> None:
+        if self.manual:
+            self.round_steps.setdefault(steps, taken)
+
+    def total_steps(self, round: int) -> int:
+        """``global_step`` once round ``round`` is done (evaluation, the checkpoints)."""
+        return self.step_offset(round + 1, self.steps)
+
+    # ----------------------------------------------------------------------------------------- checkpoints
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a fedlight checkpoint keeps of the module (:mod:`.checkpoint`): its ``on_save_checkpoint`` extras and
+        its DataModule's ``state_dict``, as Lightning's checkpoint holds them, and the steps learned per round."""
+        from fedlight.tasks.lightning.checkpoint import extras
+
+        if self.trainer is None:
+            return {}
+        return {"extras": extras(self.module, self.round, self.total_steps(self.round), self.trainer.datamodule),
+                "round_steps": dict(self.round_steps)}
+
+    def load_checkpoint_state(self, state: dict[str, Any], model: nn.Module) -> None:
+        """On ``--resume``: the DataModule's ``load_state_dict`` and the module's ``on_load_checkpoint``, as
+        Lightning's Trainer restores a checkpoint."""
+        from fedlight.tasks.lightning.checkpoint import restore
+
+        if self.trainer is None or not state:
+            return
+        self.round_steps.update(state.get("round_steps", {}))
+        restore(self.module, state.get("extras", {}), self.trainer.datamodule)
 
     def final_files(self, model: nn.Module) -> dict[str, Any]:
         """``final_model.ckpt``, which ``LightningModule.load_from_checkpoint`` loads (:mod:`.checkpoint`)."""
@@ -121,12 +164,13 @@ class LightningTask(Task):
 
         if self.trainer is None:
             return {}
-        return {NAME: lightning_checkpoint(self.module, self.round, (self.round + 1) * self.steps)}
+        return {NAME: lightning_checkpoint(self.module, self.round, self.total_steps(self.round),
+                                           self.trainer.datamodule)}
 
     def end(self, model: nn.Module) -> None:
         """After the last round: ``on_fit_end``, then the stand-in trainer is detached."""
         if self.trainer is not None:
-            self.trainer.at(self.round, (self.round + 1) * self.steps, "done")
+            self.trainer.at(self.round, self.total_steps(self.round), "done")
             call_hook(model, "on_train_end")
             call_hook(model, "on_fit_end")
             call_hook(model, "teardown", "fit")
@@ -136,7 +180,7 @@ class LightningTask(Task):
     # ----------------------------------------------------------------------------------------- training
     def objective(self, model: nn.Module, batch: Any, batch_idx: int = 0) -> Tensor | None:
         step = model.training_step
-        out = step(batch, batch_idx) if takes_index(step) else step(batch)
+        out = self.output = step(batch, batch_idx) if takes_index(step) else step(batch)
         loss = out.get("loss") if isinstance(out, dict) else out
         if loss is None and (out is None or self.manual):
             return None
@@ -153,7 +197,7 @@ class LightningTask(Task):
         sums = ctx.scratch.setdefault("lightning_logs", ClientLogs())
         trainer, K = self.trainer, ctx.num_steps
         if trainer is not None:
-            trainer.at(ctx.round, ctx.round * K)
+            trainer.at(ctx.round, self.step_offset(ctx.round, K))
         hooks = ctx.scratch["lightning_hooks"] = self._hooks(ctx) if trainer is not None else None
 
         def objective(model, batch):
@@ -161,20 +205,24 @@ class LightningTask(Task):
             if self.schedule:
                 set_lrs(ctx.optimizer, self.schedule.lrs(ctx.round, k, K))
             if hooks is not None:
-                trainer.global_step, trainer.is_last_batch = ctx.round * K + k, k == K - 1
+                trainer.global_step, trainer.is_last_batch = ctx.round * K + k, k == K - 1  # (stacked clients)
+                hooks.model = model
                 if hooks.before_step(batch, k):  # on_train_batch_start returned -1: the client's round is over
                     return self._skipped(ctx, hooks)
             with capture_logs(module) as logs, hooks.trainer_optimizers() if hooks is not None else nullcontext():
                 loss = self.objective(model, batch, k)
+            again = ctx.scratch.get("lightning_closure")  # a closure optimizer's re-evaluation: Lightning's closure
+            if hooks is not None and (again or ctx.scratch.get("lightning_out") != k):  # (SAM: the first one)
+                ctx.scratch["lightning_out"] = k
+                hooks.outputs = batch_output(self.output, loss, self.manual)
             if loss is None:
                 loss = self._skipped(ctx, hooks)
             elif hooks is not None:
-                hooks.outputs = loss
                 hooks.before_backward(loss)
             if hooks is not None:
                 logs.update(hooks.logs)
                 hooks.logs.clear()
-            if logs and not in_stacked() and ctx.scratch.get("lightning_logged") != k:  # a rule evaluating
+            if logs and not in_stacked() and (again or ctx.scratch.get("lightning_logged") != k):  # a rule evaluating
                 ctx.scratch["lightning_logged"] = k  # the step twice (SAM) logs it once, at the first evaluation
                 self._train_logs(logs, sums, ctx, batch)
             return loss
@@ -215,7 +263,7 @@ class LightningTask(Task):
         sums: dict[str, Any] = {}
         objects: dict[str, Any] = dict(self._objects)  # every rank computes every metric (they sync in compute)
         if self.trainer is not None:
-            self.trainer.at(self.round, (self.round + 1) * self.steps, "testing")
+            self.trainer.at(self.round, self.total_steps(self.round), "testing")
         was = model.training
         model.eval()
         try:
@@ -265,6 +313,10 @@ class LightningTask(Task):
 
     def __repr__(self) -> str:
         return "LightningTask()"
+
+
+def round_half(x: float) -> int:
+    return int(x + 0.5)
 
 
 def _strip(name: str) -> str:

@@ -3,8 +3,10 @@
 No Lightning ``Trainer`` runs. The attributes modules read are given these meanings (docs/lightning.md):
 
 * ``current_epoch`` = the round ``r`` (0-based); ``max_epochs`` = ``loop.rounds`` (R);
-* ``global_step`` = a client's optimizer steps as if it had trained every round before, ``r·K + k`` (during
-  evaluation after round ``r``: ``(r+1)·K``);
+* ``global_step`` = Lightning's count of optimizer steps, for a client as a Trainer fitting that client alone would
+  count them had it trained every round before: automatic optimisation ``r·K + k`` (one per batch), manual
+  optimisation ``r·S + s`` (``S``: the optimizer steps such a client takes in a round, every ``opt.step()`` of every
+  optimizer; ``s``: those taken so far in this one); during evaluation after round ``r``: ``(r+1)·K`` / ``(r+1)·S``;
 * ``max_steps`` = ``estimated_stepping_batches`` = ``R·K`` (K: the largest client's local steps), so a warm-up or
   a OneCycle schedule spans the whole run of one client;
 * ``num_training_batches`` = ``K``; ``is_last_batch`` = the client's last local step of its round;
@@ -32,7 +34,8 @@ PROVIDED = ("global_step", "current_epoch", "max_epochs", "max_steps", "estimate
             "global_rank", "local_rank", "node_rank", "is_global_zero", "precision", "callback_metrics",
             "logged_metrics", "lightning_module", "optimizers", "lr_scheduler_configs", "training", "testing",
             "validating", "sanity_checking", "logger", "loggers", "datamodule", "accumulate_grad_batches",
-            "progress_bar_callback", "fast_dev_run")
+            "progress_bar_callback", "fast_dev_run", "gradient_clip_val", "gradient_clip_algorithm",
+            "precision_plugin")
 
 
 class NotUnderFedlight(ConfigError, AttributeError):
@@ -56,7 +59,8 @@ class FedTrainer:
                  is_global_zero=rank == 0, global_step=0, current_epoch=0, callback_metrics={}, logged_metrics={},
                  optimizers=[], lr_scheduler_configs=[], training=False, testing=False, validating=False,
                  sanity_checking=False, datamodule=datamodule, accumulate_grad_batches=1,
-                 progress_bar_callback=None, fast_dev_run=False,
+                 progress_bar_callback=None, fast_dev_run=False, gradient_clip_val=None, gradient_clip_algorithm=None,
+                 precision_plugin=_precision_plugin(),
                  precision=str(getattr(getattr(fabric, "_connector", None), "_precision_input", "32-true")))
 
     def __getattr__(self, name: str) -> Any:
@@ -100,6 +104,14 @@ class FedTrainer:
 
     def __repr__(self) -> str:
         return f"FedTrainer(current_epoch={self.current_epoch}, global_step={self.global_step})"
+
+
+def _precision_plugin() -> Any:
+    """Lightning's own precision plugin, for ``self.clip_gradients`` (it clips the optimizer's parameters' gradients
+    as the Trainer does; fedlight's precision has unscaled them already)."""
+    from lightning.pytorch.plugins.precision import Precision
+
+    return Precision()
 
 
 def _single_device() -> Any:
