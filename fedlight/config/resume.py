@@ -26,8 +26,7 @@ def start(out: Path, resume: str | None, overwrite: bool, defining: dict[str, An
     check_out_dir(out)
     ckpt_path, ckpt = load_resume(resolve_resume(resume, out, defining), resume == "auto", note)
     if ckpt is not None and ckpt_path.parent.parent.resolve() == out.resolve():
-        last = json.loads(ckpt["last_row"]) if ckpt.get("last_row") else {}
-        check_metrics(out / "metrics.jsonl", int(ckpt["round"]), last.get("round"))  # never silently fewer rows
+        check_metrics(out / "metrics.jsonl", ckpt)  # never silently fewer rows, nor another run's or edited ones
     return ckpt_path, ckpt, check_existing(out, resume, overwrite)
 
 
