@@ -105,7 +105,7 @@ def fit_steps(args: dict[str, Any], fabric=None) -> Generator[Work | Evaluation,
     plan.trackers = tracker_entries.parse(a.get("loggers", "tensorboard"))  # a bad entry or missing package: exit 2
     plan.before = snapshot(plan.out)  # what the start decision reads, compared again under the lock
     plan.ckpt_path, plan.ckpt, plan.clear = resumes.start(plan.out, a.get("resume"), a.get("overwrite", False),
-                                                          plan.defining)
+                                                          plan.defining, plan.loop.rounds)
     from fedlight.config import launch
 
     fabric = fabric or launch.fabric(plan.accelerator, a.get("devices", 1), a.get("num_nodes", 1), plan.precision)
