@@ -22,43 +22,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import sys
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from fedlight.run import atomic, faults, side_files
 from fedlight.run import files as records
+from fedlight.run.background import CheckpointWriter
 from fedlight.run.cleanup import clear
 from fedlight.run.console import Progress, RoundWatch
 from fedlight.run.directory import RunLock
 from fedlight.run.rows import CHAIN, chained, dumps, strict, strict_row  # noqa: F401 - dumps, strict_row re-exported
-
-
-class CheckpointWriter:
-    """One background thread that runs file jobs in order; :meth:`wait` re-raises a failed job's error."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="fedlight-record")
-        self._jobs: list[Future] = []
-
-    def submit(self, job, exclusive: bool = False) -> None:
-        if exclusive:  # at most one checkpoint in flight
-            self.wait()
-        self._jobs.append(self._pool.submit(job))
-
-    def wait(self) -> None:
-        if threading.current_thread().name.startswith("fedlight-record"):
-            return  # a fault hook fired inside a job
-        jobs, self._jobs = self._jobs, []
-        for j in jobs:
-            j.result()
-
-    def close(self) -> None:
-        try:
-            self.wait()
-        finally:
-            self._pool.shutdown(wait=True)
 
 
 class RunRecord:
@@ -115,7 +88,7 @@ class RunRecord:
             if config_text is not None and (fresh or not (self.out / "config.yaml").exists()):
                 atomic.atomic_write_text(self.out / "config.yaml", side_files.seal_config(config_text, run_id))
         if tensorboard:  # off the critical path: importing TensorBoard and drawing the partition take ~0.5 s
-            self.writer.submit(lambda: self._open_tensorboard(config_text, data))
+            self.writer.submit(lambda: self._tensorboard(lambda: self._open_tensorboard(config_text, data), 0))
 
     def summary_writer(self) -> Any:
         """The run's TensorBoard ``SummaryWriter`` (``RUN/tb``) once the record is open on global rank 0 with
@@ -129,11 +102,10 @@ class RunRecord:
     def _open_tensorboard(self, config_text: str | None, data: Any) -> None:
         from fedlight.run.tensorboard import RunLogger
 
-        with _disk_errors(self.out / "tb"):  # TensorBoard's thread raises a failed write without its file name
-            self.logger = RunLogger(self.out)
-            self.logger.log_config(config_text or "")
-            if data is not None:
-                self.logger.log_partition(data)
+        self.logger = RunLogger(self.out)
+        self.logger.log_config(config_text or "")
+        if data is not None:
+            self.logger.log_partition(data)
 
     def begin(self, start_round: int, last_row: dict[str, Any] | None) -> None:
         """Align ``metrics.jsonl`` with the checkpoint the run starts from; start the progress display."""
@@ -172,7 +144,8 @@ class RunRecord:
             self.writer.submit(lambda: self._write_checkpoint(checkpoint, rounds_done, row), exclusive=True)
         else:
             self.writer.submit(lambda: self._append(row, keep=False))
-        self.writer.submit(lambda: self._log_round(row))  # TensorBoard, in the background after the row's files
+        self.writer.submit(lambda: self._tensorboard(lambda: self.logger.log_round(row, step=int(row["round"])),
+                                                     int(row["round"])))  # in the background after the row's files
         if self.trackers is not None:  # once the round's checkpoint is renamed; sent on the trackers' own thread
             self.writer.submit(lambda: self.trackers.log_round(row, durable=checkpoint is not None))
         self.watch.check(row)
@@ -197,10 +170,25 @@ class RunRecord:
         faults.fault("metrics", rounds_done)
         self._append(row, keep=False)
 
-    def _log_round(self, row: dict[str, Any]) -> None:
-        if self.logger is not None:
-            with _disk_errors(self.out / "tb"):
-                self.logger.log_round(row, step=int(row["round"]))
+    def _tensorboard(self, job, round: int) -> None:
+        """A TensorBoard job (once open, or the opening): a failed write is one RunDirError (exit 74, resumable);
+        any other failure one warning line naming it, and the run goes on without TensorBoard."""
+        from fedlight.run.stops import RunDirError
+        from fedlight.run.trackers import warn_failed
+
+        if self.logger is None and round:
+            return
+        try:
+            with _disk_errors(self.out / "tb"):  # TensorBoard's thread raises a failed write without its file name
+                job()
+        except RunDirError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a logger never ends a run
+            warn_failed("TensorBoard", round, e, f"{self.out / 'tb'} holds the rounds before")
+            logger, self.logger, self.tensorboard = self.logger, None, False
+            if logger is not None:
+                with contextlib.suppress(Exception):
+                    logger.close()
 
     def _append(self, row: dict[str, Any], keep: bool = True) -> None:
         if keep:
@@ -229,8 +217,7 @@ class RunRecord:
         with _disk_errors(self.out / "summary.json"):
             atomic.atomic_write_text(self.out / "summary.json", side_files.seal_summary(strict(summary)))
         if self.logger is not None and self.hparams is not None:
-            with _disk_errors(self.out / "tb"):
-                self.logger.log_summary(self.hparams, strict(summary))
+            self._tensorboard(lambda: self.logger.log_summary(self.hparams, strict(summary)), -1)
         if self.trackers is not None:
             self.trackers.finish(strict(summary))
 
