@@ -138,7 +138,8 @@ def cmd_reproduce(argv: list[str]) -> int:
           "holds no run of this table; pass the --out its runs went to (or --previous TABLE_CSV), or run the table")
     if len(units) < len({r.path for r in chosen}) and not a.table_only:
         print(f"fedlight reproduce: {len({r.path for r in chosen})} runs in {len(units)} processes, the runs that "
-              f"share a stacked chunk in lockstep groups (--lockstep {why})", flush=True)
+              f"share a stacked chunk in lockstep groups ({why if why.startswith('--') else '--lockstep ' + why})",
+              flush=True)
     counts = {} if a.table_only else runner.launch(a, spec, units, out)
     if counts.get("signal"):  # stopped: the runs stopped after their round; the same command continues them
         name = counts["signal"]
