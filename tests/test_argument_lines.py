@@ -98,3 +98,16 @@ def test_reproduce_fit_args_name_a_lockstep_flag_as_such():
                        r"fit` one; .* \$FEDLIGHT_LOCKSTEP_STREAMS \(auto, on or off\)$"):
         execution_args("--streams bogus")
     assert execution_args("--loop.progress false") == ["--loop.progress", "false"]
+
+
+def test_a_refused_extension_of_a_spent_target_epsilon_run_prints_no_calibration_it_does_not_use(tmp_path, capsys):
+    out = tmp_path / "run"
+    flags = ["fit", "--config", TINY, "--algorithm", "FedAvg", "--out_dir", str(out), "--loggers", "null",
+             "--privacy.target_epsilon", "8"]
+    assert main([*flags, "--loop.rounds", "2"]) == 0
+    assert "reaches ε = 8" in capsys.readouterr().err  # a fresh run: its calibration, used
+    assert main([*flags, "--loop.rounds", "4", "--resume", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert "reaches ε" not in err, err
+    assert err.strip().splitlines()[-1].startswith("fedlight fit: error: `privacy.target_epsilon` 8 is spent: the 2 "
+                                                   "rounds trained at σ = ")

@@ -199,7 +199,7 @@ def _prepare(fabric, plan: Plan, record: RunRecord):
         uses = uses_per_round(data, plan.loop) if plan.privacy.level == "record" else 1
         check_model(plan.model, plan.privacy, plan.precision, plan.loop.aggregate_buffers)
         algorithm = private(algorithm, plan.privacy, plan.seed, data.num_clients, plan.loop.clients_per_round,
-                            plan.loop.rounds, uses, plan.loop.sampling)
+                            plan.loop.rounds, uses, plan.loop.sampling, resumed=plan.ckpt is not None)
     return FitDriver.prepare(fabric, plan.model, data, algorithm, plan.loop, plan.seed, plan.out, plan.task,
                              record, resume=None if plan.ckpt is None else (plan.ckpt, plan.ckpt_path),
                              settings=plan.defining, execution=plan.execution)
