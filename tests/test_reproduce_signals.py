@@ -78,7 +78,10 @@ def test_a_sigterm_before_the_resuming_attempt_starts_its_runs(killed, capsys, m
 
 def test_a_sigterm_after_the_runs_ended(killed, capsys, monkeypatch):
     argv, runs = killed
+    capsys.readouterr()
     assert main(["reproduce", *argv]) == 0  # the runs resume and finish
+    said = capsys.readouterr().out
+    assert "2 runs in 1 processes, the runs that share a stacked chunk in lockstep groups (--lockstep column)" in said
     assert all(jobs.read(r)["state"] == "done" for r in runs)
     monkeypatch.setattr(table_report, "write_table", _sigterm)
     capsys.readouterr()
