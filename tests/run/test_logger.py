@@ -193,3 +193,19 @@ def test_a_failing_tensorboard_is_one_line_and_the_run_goes_on(tmp_path, capsys,
     assert "Traceback" not in err and err.count("TensorBoard failed") == 1
     assert [json.loads(line)["round"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
     assert main(["verify", str(out)]) == 0
+
+
+def test_in_a_lockstep_group_the_member_with_huge_updates_finishes_too(tmp_path, capsys):
+    """The same run as a member of a group (it failed there, the others going on): every member finishes."""
+    from fedlight.config.cli import main
+
+    tiny = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
+    flags = ["--config", tiny, "--precision", "64-true", "--algorithm", "FedAvg", "--loop.rounds", "2",
+             "--loop.local_steps", "1"]
+    assert main(["lockstep", *flags, "--loop.lr", "1e30", "--out_dir", str(tmp_path / "huge"), "::", *flags,
+                 "--out_dir", str(tmp_path / "plain")]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "left the group" not in err, err
+    assert "round 1: the evaluation is not finite" in err
+    for name in ("huge", "plain"):
+        assert json.loads((tmp_path / name / "summary.json").read_text())["rounds_completed"] == 2
