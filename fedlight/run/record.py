@@ -31,7 +31,7 @@ from fedlight.run.background import CheckpointWriter
 from fedlight.run.cleanup import clear
 from fedlight.run.console import Progress, RoundWatch
 from fedlight.run.directory import RunLock
-from fedlight.run.rows import CHAIN, chained, dumps, strict, strict_row  # noqa: F401 - dumps, strict_row re-exported
+from fedlight.run.rows import CHAIN, chained, dumps, strict, strict_row
 
 
 class RunRecord:

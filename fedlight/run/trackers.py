@@ -288,8 +288,8 @@ def warn_failed(who: str, step: int, err: BaseException, after: str) -> None:
     """The one line that says a tracker or logger failed (at round ``step``; 0: opening, -1: the summary) and that
     training goes on without it."""
     when = {0: "as it opened", -1: "writing the summary"}.get(step, f"at round {step}")
-    print(f"fedlight: warning: {who} failed {when} ({_line(err)}); training goes on without it, and {after}",
-          file=sys.stderr, flush=True)
+    goes = "the run ends without it" if step == -1 else "training goes on without it"
+    print(f"fedlight: warning: {who} failed {when} ({_line(err)}); {goes}, and {after}", file=sys.stderr, flush=True)
 
 
 def _line(err: BaseException) -> str:
