@@ -106,7 +106,7 @@ def fit_steps(args: dict[str, Any], fabric=None) -> Generator[Work | Evaluation,
     plan.trackers = tracker_entries.parse(a.get("loggers", "tensorboard"))  # a bad entry or missing package: exit 2
     plan.before = snapshot(plan.out)  # what the start decision reads, compared again under the lock
     plan.ckpt_path, plan.ckpt, plan.clear = resumes.start(plan.out, a.get("resume"), a.get("overwrite", False),
-                                                          plan.defining)
+                                                          plan.defining, plan.loop.rounds)
     from fedlight.config import launch
 
     fabric = fabric or launch.fabric(plan.accelerator, a.get("devices", 1), a.get("num_nodes", 1), plan.precision)
@@ -204,7 +204,8 @@ def _prepare(fabric, plan: Plan, record: RunRecord):
         uses = uses_per_round(data, plan.loop) if plan.privacy.level == "record" else 1
         check_model(plan.model, plan.privacy, plan.precision, plan.loop.aggregate_buffers)
         algorithm = private(algorithm, plan.privacy, plan.seed, data.num_clients, plan.loop.clients_per_round,
-                            plan.loop.rounds, uses, plan.loop.sampling, plan.loop.on_nonfinite)
+                            plan.loop.rounds, uses, plan.loop.sampling, plan.loop.on_nonfinite,
+                            resumed=plan.ckpt is not None)
     return FitDriver.prepare(fabric, plan.model, data, algorithm, plan.loop, plan.seed, plan.out, plan.task,
                              record, resume=None if plan.ckpt is None else (plan.ckpt, plan.ckpt_path),
                              settings=plan.defining, execution=plan.execution)

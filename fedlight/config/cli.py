@@ -130,6 +130,9 @@ def _parse(prog: str, argv: list[str]):
         text = parser.dump(cfg)
         import torch
 
+        from fedlight.config.plan import check_seed
+
+        check_seed(cfg.seed)  # before it seeds anything
         torch.manual_seed(cfg.seed)  # model initialisation is part of the seeded run
         init = parser.instantiate(cfg)
     except ConfigError:

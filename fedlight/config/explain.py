@@ -48,16 +48,14 @@ def explain(e: BaseException, parser=None) -> str:
             return line.strip()[2:]
     if msg.strip().startswith("Unexpected config"):
         return "`--config` is empty or is not a mapping of settings (model, data, algorithm, loop, ...)"
-    unknown = (_unknown(msg, parser) if parser is not None else None) or _missing_class(msg)
+    unknown = (_unknown(msg, parser) if parser is not None else None) or _missing_class(msg) or _nested(msg)
     if unknown:
         return unknown
     number = re.search(r'Parser key "([^"]+)":\s*Expected a <class \'(float|int)\'>\. Got value: (\S+)', msg) or \
         re.search(r'Parser key "([^"]+)":\s*Does not validate against any of the Union subtypes\s*Subtypes: '
                   r'\[<class \'(float|int)\'>, <class \'NoneType\'>\].*Given value: (\S+)\s*$', msg, re.S)  # X | None
     if number:  # YAML reads `nan`, `inf` and typos as strings
-        key, kind, got = number.groups()
-        finite = "a finite " if re.fullmatch(r"[+-]?\.?(nan|inf|infinity)", got, re.I) else "a "
-        return f"`{key}` must be {finite}{'number' if kind == 'float' else 'whole number'}, got {got}"
+        return _number(*number.groups())
     keys = re.findall(r'Parser key "([^"]+)"', msg)
     reasons = [ln.strip() for ln in msg.splitlines() if "Got value" in ln or "not accepted" in ln]
     if len(keys) > 1 and reasons:
@@ -67,6 +65,36 @@ def explain(e: BaseException, parser=None) -> str:
         return unknown
     lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
     return lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
+
+
+def _number(key: str, kind: str, got: str) -> str:
+    """``key`` must be a (finite) number or whole number; ``got``: the value as jsonargparse shows it."""
+    if re.fullmatch(r"[+-]?\.?(nan|inf|infinity)", got, re.I):
+        return f"`{key}` must be a finite {'number' if kind == 'float' else 'whole number'}, got {got}"
+    if kind == "int" and re.fullmatch(r"[+-]?\d+(\.0*)?(e\+?\d+)?", got.strip("'\""), re.I):  # 1e9 read as 1e9.0
+        whole = int(float(got.strip("'\"")))
+        return f"`{key}` must be a whole number written with digits only, e.g. {whole}; got {got}"
+    return f"`{key}` must be a {'number' if kind == 'float' else 'whole number'}, got {got}"
+
+
+def _nested(msg: str) -> str | None:
+    """The key and reason inside a section typed ``Config | None`` (``privacy``), which jsonargparse reports under
+    the section with the value as given (``NestedArg(key=..., val=...)`` from the command line, a dict from YAML)."""
+    outer = re.match(r'\s*Parser key "([^"]+)":', msg)
+    cls = re.search(r"Problem with given class_path '([\w.]+)':", msg)
+    if not (outer and cls):
+        return None
+    section, inner = outer.group(1), msg[cls.end():]
+    bad = re.search(r"Option '([^']+)' is not accepted", inner)
+    if bad:
+        module, _, name = cls.group(1).rpartition(".")
+        import inspect
+
+        keys = list(inspect.signature(getattr(importlib.import_module(module), name)).parameters)
+        return (f"`{section}.{bad.group(1)}` is not a setting{closest(bad.group(1), keys)} (every `{section}` key: "
+                "`fedlight fit --help`)")
+    number = re.search(r'Parser key "([^"]+)":.*?Expected a <class \'(float|int)\'>.*?Given value: (\S+)', inner, re.S)
+    return _number(f"{section}.{number.group(1)}", *number.groups()[1:]) if number else None
 
 
 def _missing_class(msg: str) -> str | None:

@@ -44,10 +44,20 @@ def member_argvs(argv: list[str]) -> list[list[str]]:
 
 
 def _seed_list(text: str) -> list[int]:
-    try:
-        return [int(k) for k in text.split(",") if k.strip()]
-    except ValueError:
-        raise ConfigError(f"`--seeds` takes seeds separated by commas (0,1,2), got {text!r}") from None
+    """The seeds of ``--seeds a,b,c``: each a valid seed, at least one, none twice (one line otherwise, before
+    anything is written)."""
+    from fedlight.config.plan import SEED_MAX
+
+    items = [k.strip() for k in text.split(",")]
+    bad = [k for k in items if not (k.isascii() and k.isdigit() and int(k) <= SEED_MAX)]
+    if bad:
+        what = "no seed" if not text.strip() else f"{bad[0]!r} is not a seed" if bad[0] else "an empty item"
+        raise ConfigError(f"`--seeds` takes seeds separated by commas, each a whole number from 0 to {SEED_MAX} "
+                          f"(e.g. 0,1,2); got {text!r}: {what}")
+    seeds = [int(k) for k in items]
+    twice = sorted({k for k in seeds if seeds.count(k) > 1})
+    check(not twice, f"`--seeds {text}` names seed {', '.join(map(str, twice))} more than once; each seed runs once")
+    return seeds
 
 
 def _take_flag(argv: list[str], name: str) -> tuple[str | None, list[str]]:
@@ -55,8 +65,8 @@ def _take_flag(argv: list[str], name: str) -> tuple[str | None, list[str]]:
     out, value, i = [], None, 0
     while i < len(argv):
         a = argv[i]
-        if a == name and i + 1 < len(argv):
-            value, i = argv[i + 1], i + 2
+        if a == name:  # the last argument: no value (an empty one, refused by the caller)
+            value, i = argv[i + 1] if i + 1 < len(argv) else "", i + 2
             continue
         if a.startswith(name + "="):
             value = a.split("=", 1)[1]
@@ -68,6 +78,7 @@ def _take_flag(argv: list[str], name: str) -> tuple[str | None, list[str]]:
 
 def _with_seed(argv: list[str], seed: int) -> list[str]:
     out_dir, rest = _take_flag(argv, "--out_dir")
+    check(out_dir != "", "`--out_dir` of a `--seeds` group needs a folder (its runs go to FOLDER/seed<k>)")
     return [*rest, "--seed", str(seed), *(["--out_dir", str(Path(out_dir) / f"seed{seed}")] if out_dir else [])]
 
 
@@ -113,8 +124,13 @@ def cmd_lockstep(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
+    from fedlight.engine.lockstep import STREAMS
+
     streams, argv = _take_flag(argv, "--streams")
-    results = fit_group(member_argvs(argv), streams=streams or os.environ.get(STREAMS_ENV) or "auto")
+    if streams is None:
+        streams = os.environ.get(STREAMS_ENV) or "auto"
+    check(streams in STREAMS, f"`fedlight lockstep --streams` is one of {', '.join(STREAMS)}, got {streams!r}")
+    results = fit_group(member_argvs(argv), streams=streams)
     status = 0
     for name, res in results.items():
         if isinstance(res, Stopped):

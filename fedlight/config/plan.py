@@ -5,6 +5,7 @@ once the data knows its clients).
 
 from __future__ import annotations
 
+import numbers
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,7 @@ def resolve_plan(model, data, algorithm, loop, seed, out_dir, accelerator, preci
     loop = python_defaults(algorithm, loop) if text is None else loop  # the CLI chose them already
     model = uncompiled(model)
     data = as_federated(data_or_own(data, model))
+    check_seed(seed)
     _check_args(algorithm, data, loop, *world)
     accelerator, precision = resolve_device(accelerator, precision, algorithm)
     if privacy is not None:
@@ -130,6 +132,16 @@ def _model_and_config(model, data, algorithm, task, loop, seed, precision, text,
                   "it to fit as a class-path spec ({'class_path': ..., 'init_args': {...}}) so landscape, sharpness "
                   "and --resume can rebuild it", file=sys.stderr)
     return model, text
+
+
+SEED_MAX = 2**32 - 1
+"""The largest seed: every random stream derives from it (NumPy's and PyTorch's generators take 0..2**32 - 1 alike)."""
+
+
+def check_seed(seed: Any, name: str = "seed") -> None:
+    """A seed is a whole number from 0 to :data:`SEED_MAX`; anything else is one line naming ``name``."""
+    ok = isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and 0 <= seed <= SEED_MAX
+    check(ok, f"`{name}` must be a whole number from 0 to {SEED_MAX}, got {seed!r}")
 
 
 def _check_args(algorithm, data, loop: LoopConfig, devices: int, num_nodes: int) -> None:

@@ -20,15 +20,38 @@ from fedlight.run.directory import LOCK_NAME, RUN_FILES, check_out_dir, differen
 from fedlight.run.files import check_metrics, load_checkpoint
 
 
-def start(out: Path, resume: str | None, overwrite: bool, defining: dict[str, Any]):
+def start(out: Path, resume: str | None, overwrite: bool, defining: dict[str, Any], rounds: int | None = None):
     """The checkpoint a resume continues from (path and contents; ``None`` for a fresh run), after checking that
-    ``out`` may be used, and whether to clear it (a failed start's directory is reused)."""
+    ``out`` may be used, and whether to clear it (a failed start's directory is reused). ``rounds``: the run's
+    rounds (a checkpoint of that many: a finished run, checked file by file, :func:`check_finished`)."""
     check_out_dir(out)
     ckpt_path, ckpt = load_resume(resolve_resume(resume, out, defining), resume == "auto", note)
     if ckpt is not None and ckpt_path.parent.parent.resolve() == out.resolve():
-        last = json.loads(ckpt["last_row"]) if ckpt.get("last_row") else {}
-        check_metrics(out / "metrics.jsonl", int(ckpt["round"]), last.get("round"))  # never silently fewer rows
+        check_metrics(out / "metrics.jsonl", ckpt)  # never silently fewer rows, nor another run's or edited ones
+        if rounds is not None and int(ckpt["round"]) >= rounds:
+            check_finished(out, ckpt_path, ckpt)
     return ckpt_path, ckpt, check_existing(out, resume, overwrite)
+
+
+REBUILT = ("summary.json", "final_model.pt")
+"""Files a resumed finished run writes again from its checkpoint and rows (config.yaml: :func:`config_damaged`)."""
+
+
+def check_finished(out: Path, ckpt_path: Path, ckpt: dict[str, Any]) -> None:
+    """A finished run resumed trains nothing, so it ends with every file verifying (as ``fedlight verify`` checks
+    them) or does not start: a damaged summary.json or final_model.pt is written again from the checkpoint (said in a
+    note), any other damaged file is refused, named."""
+    from fedlight.run.verify import check_run
+
+    for status, name, why in check_run(out):
+        if status != "damaged" or name in ("config.yaml", "metrics.jsonl"):  # rewritten / checked by check_metrics
+            continue
+        if name not in REBUILT:
+            raise ConfigError(f"{out / name} is damaged: {why}. The run is finished and its checkpoint {ckpt_path} "
+                              "cannot rebuild that file: put back an intact copy, or delete it if it is a checkpoint "
+                              f"or client state the run no longer needs (`fedlight verify {out}` lists every file)")
+        note(f"{out / name} is damaged: {why}; written again from the checkpoint {ckpt_path} (round {ckpt['round']}, "
+             "the run's last)")
 
 
 def resolve_resume(resume: str | None, out: Path, defining: dict[str, Any] | None = None) -> Path | None:

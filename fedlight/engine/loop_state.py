@@ -22,7 +22,7 @@ from fedlight.engine.client_store import ClientStateStore
 from fedlight.errors import ConfigError
 from fedlight.run.directory import differences
 from fedlight.run.files import CHECKPOINT_FORMAT, cpu_copy, meta_differences, to_device
-from fedlight.run.record import dumps
+from fedlight.run.rows import dumps
 
 CHECKPOINT_KEYS = ("format", "round", "params", "buffers", "int_buffers", "server", "store", "totals", "meta",
                    "settings", "segments", "last_row", "run_id", "task")

@@ -28,13 +28,15 @@ class PrivateAlgorithm(Algorithm):
         return f"Private({self.inner!r})"
 
 
-def noise_multiplier(cfg: PrivacyConfig, conv: Convention, rounds: int) -> float:
-    """``σ``: as given, or calibrated by the accountant to ``target_epsilon`` after ``rounds`` rounds (printed)."""
+def noise_multiplier(cfg: PrivacyConfig, conv: Convention, rounds: int, say: bool = True) -> float:
+    """``σ``: as given, or calibrated by the accountant to ``target_epsilon`` after ``rounds`` rounds (printed unless
+    ``say`` is false: a resume, whose checkpoint decides the σ it continues with and says so)."""
     if cfg.noise_multiplier is not None:
         return cfg.noise_multiplier
     sigma = conv.calibrate(cfg.target_epsilon, cfg.delta, rounds)
-    print(f"fedlight: privacy: σ = {sigma:.6g} reaches ε = {cfg.target_epsilon:g} at δ = {cfg.delta:g} after "
-          f"{rounds} rounds of {conv.per_round} of {conv.num_clients} clients ({conv.label()})", file=sys.stderr)
+    if say:
+            print(f"fedlight: privacy: σ = {sigma:.6g} reaches ε = {cfg.target_epsilon:g} at δ = {cfg.delta:g} after "
+              f"{rounds} rounds of {conv.per_round} of {conv.num_clients} clients ({conv.label()})", file=sys.stderr)
     return sigma
 
 
@@ -58,11 +60,14 @@ def check_model(model: nn.Module, cfg: PrivacyConfig, precision: str, aggregate_
 
 
 def private(algorithm: Algorithm, cfg: PrivacyConfig, seed: int, num_clients: int, per_round: int,
-            rounds: int, record_uses: int = 1, sampling: str = "fixed", on_nonfinite: str = "stop") -> PrivateAlgorithm:
+            rounds: int, record_uses: int = 1, sampling: str = "fixed", on_nonfinite: str = "stop",
+            resumed: bool = False) -> PrivateAlgorithm:
     """``algorithm`` under ``cfg``; refuses (ConfigError, before round 1) what cannot be made private.
     ``per_round``: the clients sampled per round (expected under ``sampling: poisson``); ``record_uses``: record
     level, how often a record enters its client's gradients per round
-    (:func:`fedlight.privacy.record.uses_per_round`); ``sampling``, ``on_nonfinite``: the loop's."""
+    (:func:`fedlight.privacy.record.uses_per_round`); ``sampling``, ``on_nonfinite``: the loop's; ``resumed``: a
+    calibrated σ is not printed (the checkpoint decides the σ a resume continues with:
+    :meth:`PrivateServer.load_state_dict`)."""
     validate(cfg, num_clients, sampling, on_nonfinite)
     name = type(algorithm).__name__
     check(not algorithm.server.aggregates_itself(), f"`privacy`: {name}'s server rule aggregates the client results "
@@ -71,7 +76,7 @@ def private(algorithm: Algorithm, cfg: PrivacyConfig, seed: int, num_clients: in
     check(why is None, f"`privacy`: {name} uploads {why} outside its tensors, which no clip bounds; run it without "
           "privacy (or with its non-adaptive form)")
     conv = Convention(num_clients, per_round, sampling, relation(cfg, sampling), cfg.accountant)
-    sigma = noise_multiplier(cfg, conv, rounds)
+    sigma = noise_multiplier(cfg, conv, rounds, say=not resumed)
     sigma_b = cfg.count_noise if cfg.count_noise is not None else per_round / 20
     k = 2 if conv.relation == "replace_one" else 1
     check(not cfg.adaptive or sigma == 0 or k * sigma_b > sigma, f"`privacy.count_noise` (σ_b = {sigma_b:g}"

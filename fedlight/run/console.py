@@ -103,14 +103,17 @@ class Progress:
 
 
 class RoundWatch:
-    """Warns once when the train loss explodes relative to the first round's, naming the likely cause."""
+    """Warns once when the train loss explodes relative to the first round's, naming the likely cause, and the round
+    an evaluation is not finite."""
 
     def __init__(self, hint: str = "", stream=None) -> None:
         self.hint, self.stream = hint, stream
         self.first_loss: float | None = None
         self.warned = False
+        self.nonfinite_eval = False  # the last evaluation was not finite (said once, until one is finite again)
 
     def check(self, row: dict[str, Any]) -> str | None:
+        self._evaluation(row)
         loss = row.get("train_loss")
         if "train_loss" in (row.get("nonfinite") or []):
             loss = math.inf
@@ -127,3 +130,17 @@ class RoundWatch:
                f"first round's ({self.first_loss:.4g}); training is diverging. Likely cause: {cause}")
         print(msg, file=self.stream or sys.stderr, flush=True)
         return msg
+
+    def _evaluation(self, row: dict[str, Any]) -> None:
+        """One line the round an evaluation is not finite (a NaN or infinite test metric, ``null`` in the row); said
+        again only after a finite one."""
+        tested = [k for k in row if k.startswith("test_")]
+        if not tested:
+            return
+        bad = [k for k in (row.get("nonfinite") or []) if k.startswith("test_")]
+        if bad and not self.nonfinite_eval:
+            print(f"fedlight: warning: round {row['round']}: the evaluation is not finite ({', '.join(bad)}: NaN or "
+                  "infinite, null in metrics.jsonl). Likely cause: "
+                  f"{self.hint or 'the learning rate `loop.lr` is too large for this rule'}",
+                  file=self.stream or sys.stderr, flush=True)
+        self.nonfinite_eval = bool(bad)

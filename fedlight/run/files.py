@@ -141,10 +141,15 @@ def missing_rounds(rows: list[dict[str, Any]], rounds_done: int) -> list[int]:
     return [k for k in range(1, rounds_done + 1) if k not in have]
 
 
-def check_metrics(path: Path, rounds_done: int, restorable: int | None = None) -> None:
-    """Refuse to continue from a checkpoint of ``rounds_done`` rounds when ``metrics.jsonl`` lacks rows of those
-    rounds that the checkpoint cannot restore (it carries the row of its own round, ``restorable``): a resumed run
-    never has silently fewer rows."""
+def check_metrics(path: Path, ckpt: dict[str, Any]) -> None:
+    """Refuse to continue from ``ckpt`` (of this run directory) when ``metrics.jsonl`` is not the record of its
+    rounds, as ``fedlight verify`` finds it: rows of those rounds missing that the checkpoint cannot restore (it
+    carries the row of its own round), or rows that are another run's or were edited (the row the checkpoint carries,
+    the chain of :mod:`fedlight.run.rows`). Rows after the checkpoint's round are recomputed, not checked."""
+    from fedlight.run.rows import chain_problem
+
+    rounds_done = int(ckpt["round"])
+    restorable = json.loads(ckpt["last_row"]).get("round") if ckpt.get("last_row") else None
     rows, problems = read_rows(path)
     lost = [k for k in missing_rounds(rows, rounds_done) if k != restorable]
     if lost:
@@ -152,6 +157,12 @@ def check_metrics(path: Path, rounds_done: int, restorable: int | None = None) -
         plural = "s" if len(lost) > 1 else ""
         raise DamagedFile(f"{path} is damaged: the rows of round{plural} {round_ranges(lost)} are missing{why}, and "
                           f"the checkpoint (round {rounds_done}) cannot restore them. Put back a copy of the file, or "
+                          "start over with `--overwrite true`")
+    kept = [r for r in rows if r["round"] <= rounds_done]
+    why = row_disagrees(kept, ckpt) or chain_problem(kept, ckpt.get("run_id"))
+    if why:
+        raise DamagedFile(f"{path} is damaged: {why}; the checkpoint (round {rounds_done}) restores only its own "
+                          "round's row, so the run is not continued on it. Put back this run's copy of the file, or "
                           "start over with `--overwrite true`")
 
 

@@ -12,6 +12,7 @@ main thread) and goes on with the next round while one background thread writes 
 kill loses no round whose checkpoint was renamed (the checkpoint carries its round's row, re-appended on resume when
 the kill fell between rename and append), and rounds after the last renamed checkpoint are recomputed, bit for bit.
 
+Each row is chained to the run and to the rows before it (:mod:`fedlight.run.rows`), so an edited row is found.
 TensorBoard leaves it too: creating the writer (importing TensorBoard), the config and partition (a matplotlib
 picture), and each round's scalars and per-client histograms are jobs of the same thread, after the round's files.
 """
@@ -20,58 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
-import math
 import sys
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from fedlight.run import atomic, faults, side_files
 from fedlight.run import files as records
+from fedlight.run.background import CheckpointWriter
 from fedlight.run.cleanup import clear
 from fedlight.run.console import Progress, RoundWatch
 from fedlight.run.directory import RunLock
-
-
-def strict_row(row: dict[str, Any]) -> dict[str, Any]:
-    """``row`` with every non-finite float (also inside lists, e.g. ``clients``) replaced by ``null``; the keys
-    holding one are listed under ``"nonfinite"``."""
-    bad = [k for k, v in row.items() if _strict(v) != v or (isinstance(v, float) and not math.isfinite(v))]
-    if not bad:
-        return row
-    return {**{k: (_strict(v) if k in bad else v) for k, v in row.items()}, "nonfinite": bad}
-
-
-def dumps(row: dict[str, Any]) -> str:
-    return json.dumps(strict_row(row), allow_nan=False)
-
-
-class CheckpointWriter:
-    """One background thread that runs file jobs in order; :meth:`wait` re-raises a failed job's error."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="fedlight-record")
-        self._jobs: list[Future] = []
-
-    def submit(self, job, exclusive: bool = False) -> None:
-        if exclusive:  # at most one checkpoint in flight
-            self.wait()
-        self._jobs.append(self._pool.submit(job))
-
-    def wait(self) -> None:
-        if threading.current_thread().name.startswith("fedlight-record"):
-            return  # a fault hook fired inside a job
-        jobs, self._jobs = self._jobs, []
-        for j in jobs:
-            j.result()
-
-    def close(self) -> None:
-        try:
-            self.wait()
-        finally:
-            self._pool.shutdown(wait=True)
+from fedlight.run.rows import CHAIN, chained, dumps, strict, strict_row
 
 
 class RunRecord:
@@ -101,6 +61,8 @@ class RunRecord:
         self.hparams: dict[str, Any] | None = None  # for TensorBoard's hparams table
         self.saved_round = 0  # rounds in the last checkpoint renamed into place (0: none yet)
         self.rotate = True  # keep last.ckpt as prev.ckpt when the next one is written (False: last.ckpt is damaged)
+        self.run_id: str | None = None  # the run's identity (open()): each row is chained to it (fedlight.run.rows)
+        self.chain_end = ""  # the chain digest of the last row handed over
         if self.writer is not None:
             faults.DRAIN.append(self.writer.wait)
 
@@ -114,7 +76,7 @@ class RunRecord:
              tensorboard: bool = True, run_id: str | None = None) -> None:
         """First writes of the run (after every check): clear on ``overwrite``, ``config.yaml`` (a fresh run only;
         with the run's identity ``run_id``), TensorBoard config and partition."""
-        self.tensorboard, self.opened = tensorboard, True
+        self.tensorboard, self.opened, self.run_id = tensorboard, True, run_id
         if not self.rank0:
             return
         with _disk_errors(self.out / "config.yaml"):
@@ -126,7 +88,7 @@ class RunRecord:
             if config_text is not None and (fresh or not (self.out / "config.yaml").exists()):
                 atomic.atomic_write_text(self.out / "config.yaml", side_files.seal_config(config_text, run_id))
         if tensorboard:  # off the critical path: importing TensorBoard and drawing the partition take ~0.5 s
-            self.writer.submit(lambda: self._open_tensorboard(config_text, data))
+            self.writer.submit(lambda: self._tensorboard(lambda: self._open_tensorboard(config_text, data), 0))
 
     def summary_writer(self) -> Any:
         """The run's TensorBoard ``SummaryWriter`` (``RUN/tb``) once the record is open on global rank 0 with
@@ -140,11 +102,10 @@ class RunRecord:
     def _open_tensorboard(self, config_text: str | None, data: Any) -> None:
         from fedlight.run.tensorboard import RunLogger
 
-        with _disk_errors(self.out / "tb"):  # TensorBoard's thread raises a failed write without its file name
-            self.logger = RunLogger(self.out)
-            self.logger.log_config(config_text or "")
-            if data is not None:
-                self.logger.log_partition(data)
+        self.logger = RunLogger(self.out)
+        self.logger.log_config(config_text or "")
+        if data is not None:
+            self.logger.log_partition(data)
 
     def begin(self, start_round: int, last_row: dict[str, Any] | None) -> None:
         """Align ``metrics.jsonl`` with the checkpoint the run starts from; start the progress display."""
@@ -152,10 +113,11 @@ class RunRecord:
             log = records.MetricsLog(self.out / "metrics.jsonl")
             log.truncate_to(start_round)
             self.rows = log.rows
+            self.chain_end = self.rows[-1].get(CHAIN, "") if self.rows else ""
             done = self.rows[-1]["round"] if self.rows else 0
             self.saved_round = start_round
             if last_row is not None and done < start_round:  # killed between checkpoint and metrics append
-                self._append(last_row)
+                self._append(self._seal(last_row))
             if self.trackers is not None:  # the rows a tracker lacks (a resumed run, a tracker added on resume)
                 self.trackers.begin(self.rows)
             if start_round:
@@ -168,23 +130,34 @@ class RunRecord:
 
     # ------------------------------------------------------------------------------------------ per round
     def round_done(self, row: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> None:
-        """Record a finished round: its checkpoint (a CPU snapshot, or ``None``; written as given: its author is
-        :meth:`LoopState.snapshot <fedlight.engine.loop_state.LoopState.snapshot>`) then its metrics row, in the
-        background and in order (see the module docstring)."""
+        """Record a finished round: its checkpoint (a CPU snapshot, or ``None``; written as given — its author is
+        :meth:`LoopState.snapshot <fedlight.engine.loop_state.LoopState.snapshot>` — but for ``last_row``, the row as
+        written, chain digest included) then its metrics row (chained, :mod:`fedlight.run.rows`), in the background
+        and in order (see the module docstring)."""
         if not self.rank0:
             return
-        row = strict_row(row)
+        row = self._seal(strict_row(row))
         self.rows.append(row)
-        if checkpoint is not None:
+        if checkpoint is not None:  # it carries its round's row as written, chain digest included
+            checkpoint = {**checkpoint, "last_row": dumps(row)}
             rounds_done = int(checkpoint["round"])
             self.writer.submit(lambda: self._write_checkpoint(checkpoint, rounds_done, row), exclusive=True)
         else:
             self.writer.submit(lambda: self._append(row, keep=False))
-        self.writer.submit(lambda: self._log_round(row))  # TensorBoard, in the background after the row's files
+        self.writer.submit(lambda: self._tensorboard(lambda: self.logger.log_round(row, step=int(row["round"])),
+                                                     int(row["round"])))  # in the background after the row's files
         if self.trackers is not None:  # once the round's checkpoint is renamed; sent on the trackers' own thread
             self.writer.submit(lambda: self.trackers.log_round(row, durable=checkpoint is not None))
         self.watch.check(row)
         self.progress.update(row)
+
+    def _seal(self, row: dict[str, Any]) -> dict[str, Any]:
+        """``row`` with its chain digest, after the rows handed over before it (none without a run identity)."""
+        if self.run_id is None:
+            return row
+        row = chained(row, self.run_id, self.chain_end)
+        self.chain_end = row[CHAIN]
+        return row
 
     def _write_checkpoint(self, state: dict[str, Any], rounds_done: int, row: dict[str, Any]) -> None:
         path = self.out / "checkpoints" / "last.ckpt"
@@ -197,10 +170,25 @@ class RunRecord:
         faults.fault("metrics", rounds_done)
         self._append(row, keep=False)
 
-    def _log_round(self, row: dict[str, Any]) -> None:
-        if self.logger is not None:
-            with _disk_errors(self.out / "tb"):
-                self.logger.log_round(row, step=int(row["round"]))
+    def _tensorboard(self, job, round: int) -> None:
+        """A TensorBoard job (once open, or the opening): a failed write is one RunDirError (exit 74, resumable);
+        any other failure one warning line naming it, and the run goes on without TensorBoard."""
+        from fedlight.run.stops import RunDirError
+        from fedlight.run.trackers import warn_failed
+
+        if self.logger is None and round:
+            return
+        try:
+            with _disk_errors(self.out / "tb"):  # TensorBoard's thread raises a failed write without its file name
+                job()
+        except RunDirError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a logger never ends a run
+            warn_failed("TensorBoard", round, e, f"{self.out / 'tb'} holds the rounds before")
+            logger, self.logger, self.tensorboard = self.logger, None, False
+            if logger is not None:
+                with contextlib.suppress(Exception):
+                    logger.close()
 
     def _append(self, row: dict[str, Any], keep: bool = True) -> None:
         if keep:
@@ -227,12 +215,11 @@ class RunRecord:
         if self.trackers is not None:
             summary["trackers"] = self.trackers.report()  # run ids, rounds a failing tracker missed
         with _disk_errors(self.out / "summary.json"):
-            atomic.atomic_write_text(self.out / "summary.json", side_files.seal_summary(_strict(summary)))
+            atomic.atomic_write_text(self.out / "summary.json", side_files.seal_summary(strict(summary)))
         if self.logger is not None and self.hparams is not None:
-            with _disk_errors(self.out / "tb"):
-                self.logger.log_summary(self.hparams, _strict(summary))
+            self._tensorboard(lambda: self.logger.log_summary(self.hparams, strict(summary)), -1)
         if self.trackers is not None:
-            self.trackers.finish(_strict(summary))
+            self.trackers.finish(strict(summary))
 
     def abort(self) -> None:
         """After a failed write: stop the progress display, the checkpoint writer and TensorBoard without letting
@@ -291,13 +278,3 @@ def _disk_errors(path: Path):
     except OSError as e:
         raise RunDirError(f"cannot write {path}: {e.strerror or e}. Free space or fix the folder, then continue with "
                           "`--resume auto`.") from None
-
-
-def _strict(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _strict(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_strict(v) for v in obj]
-    return obj

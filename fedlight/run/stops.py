@@ -97,6 +97,7 @@ def from_start() -> dict[int, object]:
     handlers it replaced (for :func:`restore`); only in the main thread."""
     if threading.current_thread() is not threading.main_thread():
         return {}
+    _PENDING.clear()  # a command called again from Python (a test) starts with no stop of an earlier one
     return {sig: signal.signal(sig, _at_start) for name in STOP_SIGNALS if (sig := getattr(signal, name, None))}
 
 

@@ -130,6 +130,20 @@ def _colors(k: int) -> list:
     return [cmap(i % cmap.N) for i in range(k)]
 
 
+def histogram_bins(values: np.ndarray) -> str | np.ndarray:
+    """TensorBoard's own bins (``"tensorflow"``: ±1e-12 … ±1e20, exponentially spaced) when they hold every value,
+    else 64 equal bins over the values' range, computed so that no edge overflows (any finite values: client update
+    norms near 1e31 left TensorBoard's bins empty, ``ValueError: The histogram is empty``)."""
+    lo, hi = float(values.min()), float(values.max())
+    if max(abs(lo), abs(hi)) < 1e20:
+        return "tensorflow"
+    t = np.linspace(0.0, 1.0, 65)
+    edges = np.unique(lo * (1 - t) + hi * t)  # each term finite, their sum between lo and hi
+    if edges.size < 2:  # every value equal: one bin of the next float's width
+        edges = np.array([np.nextafter(lo, -np.inf), lo]) if lo > 0 else np.array([lo, np.nextafter(lo, np.inf)])
+    return edges
+
+
 class RunLogger:
     """Writes TensorBoard event files under ``out_dir/tb``.
 
@@ -213,7 +227,9 @@ class RunLogger:
             values = [_number(c.get(key)) for c in clients if isinstance(c, dict)]
             values = [v for v in values if v is not None and math.isfinite(v)]
             if values:
-                self.writer.add_histogram(f"clients/{key}", np.asarray(values, dtype=np.float64), step)
+                values = np.asarray(values, dtype=np.float64)
+                with np.errstate(over="ignore"):  # the sum of squares of values near 1e200 is inf: kept as such
+                    self.writer.add_histogram(f"clients/{key}", values, step, bins=histogram_bins(values))
 
     def _purge_from(self, step: int) -> None:
         """A resumed run re-logs rounds after its checkpoint: a session-start event at ``step`` makes TensorBoard

@@ -47,7 +47,7 @@ class Trackers:
 
     def __init__(self, entries: list[dict[str, Any]], out: Path, tags: dict[str, Any], config_text: str,
                  resumed: bool = False) -> None:
-        from fedlight.run.record import CheckpointWriter  # the record's one-thread, in-order job runner
+        from fedlight.run.background import CheckpointWriter  # the record's one-thread, in-order job runner
 
         self.entries, self.out, self.text = entries, Path(out), config_text
         cell = _json(self.out / "reproduce.json").get("cell") or {}  # a `fedlight reproduce` cell's run
@@ -174,8 +174,7 @@ class Trackers:
                 sent = True
             except Exception as err:  # noqa: BLE001 - a tracker never stops training
                 self.failed[name] = step
-                print(f"fedlight: warning: tracker {name} failed at round {step} ({_line(err)}); training goes on "
-                      f"without it, and summary.json lists the rounds it missed", file=sys.stderr, flush=True)
+                warn_failed(f"tracker {name}", step, err, "summary.json lists the rounds it missed")
         if sent:
             self._save()
 
@@ -283,6 +282,14 @@ def _quiet():
         yield
     finally:
         log.setLevel(level)
+
+
+def warn_failed(who: str, step: int, err: BaseException, after: str) -> None:
+    """The one line that says a tracker or logger failed (at round ``step``; 0: opening, -1: the summary) and that
+    training goes on without it."""
+    when = {0: "as it opened", -1: "writing the summary"}.get(step, f"at round {step}")
+    goes = "the run ends without it" if step == -1 else "training goes on without it"
+    print(f"fedlight: warning: {who} failed {when} ({_line(err)}); {goes}, and {after}", file=sys.stderr, flush=True)
 
 
 def _line(err: BaseException) -> str:

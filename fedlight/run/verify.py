@@ -9,8 +9,9 @@ checkpoints record agrees, and ``final_model.pt``'s seal is the one ``summary.js
 another run is damaged here); a missing ``config.yaml``, or a finished run's missing ``summary.json``, is damaged, as
 are, once ``summary.json`` reports finished rounds, a missing ``final_model.pt`` whose seal it records, a missing
 ``metrics.jsonl`` and both checkpoints missing; ``metrics.jsonl`` row by row (every round up to the last checkpoint or
-the summary present, each once, and the row of the newest checkpoint's round the one that checkpoint carries: another
-run's file copied in is damaged). Temporary files of a
+the summary present, each once, the row of the newest checkpoint's round the one that checkpoint carries: another
+run's file copied in is damaged; and each row chained to this run and the rows before it, :mod:`fedlight.run.rows`:
+an edited row is damaged). Temporary files of a
 killed write are listed (the next start removes them).
 Exit status 0: every file verifies; 2: at least one is damaged (or the folder is not a run directory).
 """
@@ -25,6 +26,7 @@ from fedlight.errors import ConfigError
 from fedlight.run import client_files, side_files
 from fedlight.run.atomic import check_sealed, seal_of
 from fedlight.run.files import missing_rounds, read_rows, round_ranges, row_disagrees
+from fedlight.run.rows import chain_problem, unchained
 
 Finding = tuple[str, str, str]  # (ok | damaged | leftover, file relative to the run directory, detail)
 
@@ -46,10 +48,10 @@ def check_run(out: Path) -> list[Finding]:
             found.append(("damaged", name, why) if why else ("ok", name, ""))
     _missing(out, found)
     summary = _summary(out, found)
-    _bound(out, ids, summary, found)
+    this = _bound(out, ids, summary, found)
     done = summary.get("rounds_completed")
     fallback = done if isinstance(done, int) else 0  # the sealed checkpoint says how many rounds, else the summary
-    _metrics(out, int(ckpt["round"]) if ckpt is not None else fallback, ckpt, found)
+    _metrics(out, int(ckpt["round"]) if ckpt is not None else fallback, ckpt, found, this)
     if isinstance(done, int) and ("ok", "metrics.jsonl") in {f[:2] for f in found}:
         last = max((r["round"] for r in read_rows(out / "metrics.jsonl")[0]), default=0)
         if last != done:
@@ -126,10 +128,11 @@ def _missing(out: Path, found: list[Finding]) -> None:
                       f"reports {done} rounds: every run writes the checkpoint of its last round"))
 
 
-def _bound(out: Path, ids: dict[str, str | None], summary: dict[str, Any], found: list[Finding]) -> None:
+def _bound(out: Path, ids: dict[str, str | None], summary: dict[str, Any], found: list[Finding]) -> str | None:
     """Each side file belongs to this run: the run identity that config.yaml, summary.json and the checkpoints
     record agrees (the newest intact checkpoint's wins, then config.yaml's), and final_model.pt is the one the summary
-    names by its seal. A file without an identity (written before them) is not compared."""
+    names by its seal. A file without an identity (written before them) is not compared. Returns the run's
+    identity (``None``: none recorded)."""
     ok = {f[1] for f in found if f[0] == "ok"}
     ids.update({n: side_files.run_id(out / n) for n in ("config.yaml", "summary.json") if n in ok})
     this = next((i for i in ids.values() if i), None)
@@ -140,6 +143,7 @@ def _bound(out: Path, ids: dict[str, str | None], summary: dict[str, Any], found
     if "final_model.pt" in ok and sealed and (seal_of(out / "final_model.pt") == sealed) == theirs:
         _damage(found, "final_model.pt", "it is another run's: its seal is "
                 + ("the one the other run's summary.json records" if theirs else "not the one summary.json records"))
+    return this
 
 
 def _damage(found: list[Finding], name: str, why: str) -> None:
@@ -152,7 +156,8 @@ def _summary(out: Path, found: list[Finding]) -> dict[str, Any]:
     return json.loads((out / "summary.json").read_text())
 
 
-def _metrics(out: Path, rounds_done: int, ckpt: dict[str, Any] | None, found: list[Finding]) -> None:
+def _metrics(out: Path, rounds_done: int, ckpt: dict[str, Any] | None, found: list[Finding], run_id: str | None
+             ) -> None:
     path = out / "metrics.jsonl"
     if not path.exists():
         return
@@ -161,6 +166,7 @@ def _metrics(out: Path, rounds_done: int, ckpt: dict[str, Any] | None, found: li
     lost = [k for k in missing_rounds(rows, rounds_done) if k != restorable]
     twice = _repeated(path)
     theirs = row_disagrees(rows, ckpt)
+    broken = chain_problem(rows, run_id)
     if lost:
         why = f" ({'; '.join(problems[:3])})" if problems else ""
         rounds = f"round{'s' if len(lost) > 1 else ''} {round_ranges(lost)}"
@@ -170,8 +176,11 @@ def _metrics(out: Path, rounds_done: int, ckpt: dict[str, Any] | None, found: li
                       f"{'have' if len(twice) > 1 else 'has'} more than one row (a run writes one per round)"))
     elif theirs:
         found.append(("damaged", "metrics.jsonl", f"it is another run's: {theirs.rsplit(': ', 1)[0]}"))
+    elif broken:
+        found.append(("damaged", "metrics.jsonl", broken))
     else:
-        found.append(("ok", "metrics.jsonl", f"({len(rows)} rounds)"))
+        old = "; written before rows were chained to their run: an edited row is not found" if unchained(rows) else ""
+        found.append(("ok", "metrics.jsonl", f"({len(rows)} rounds{old})"))
 
 
 def _repeated(path: Path) -> list[int]:

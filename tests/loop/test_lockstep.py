@@ -35,7 +35,7 @@ TABLE2 = {  # the rows of recipes/tables/fednsam_table2.yaml, as there
     "fedlesam": ("fedlesam", {"rho": 0.05}), "fednsam": ("fednsam", {"lam": 0.85, "rho": 0.1}),
     "fedcm": ("fedcm", {"alpha": 0.1}), "fedsmoo": ("fedsmoo", {"rho": 0.1, "lam": 0.1}),
 }
-TIMING = ("time", "seconds", "rss_mb", "warm_up", "_s")
+TIMING = ("time", "seconds", "rss_mb", "warm_up", "_s", "chain")  # and the chain digest: its run's
 
 
 def _run(tmp: Path, name: str, row: str, seed: int, parallelism: str, precision: str = "64-true",

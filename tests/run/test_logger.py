@@ -50,7 +50,7 @@ def test_every_row_value_is_a_grouped_scalar(run):
     assert len(rows) == 2
     for row in rows:
         for key, value in row.items():
-            if key == "round" or isinstance(value, (list, bool)):  # ids, per-client entries, warm_up: not scalars
+            if key == "round" or isinstance(value, (list, bool, str)):  # ids, clients, warm_up, chain: not scalars
                 continue
             events = {e.step: e.value for e in ea.Scalars(tag(key))}
             assert events[row["round"]] == pytest.approx(value, rel=1e-6, abs=1e-30), key
@@ -126,3 +126,86 @@ def test_resumed_rounds_replace_the_interrupted_ones(tmp_path):
     second.close()
     events = _accumulator(tmp_path / "tb").Scalars("train/loss")
     assert [(e.step, e.value) for e in events] == [(1, 1.0), (2, 20.0), (3, 30.0), (4, 40.0)]
+
+
+@pytest.mark.parametrize("values", [[1e31, 2e31, 3e31], [1e31] * 3, [0.0, 1.7e308], [-1.7e308, 1.7e308],
+                                    [1.7976931348623157e308] * 2, [5e-324, 1.0]])
+def test_histograms_of_any_finite_values(values, tmp_path):
+    """TensorBoard's own bins end at ±1e20: client update norms near 1e31 left every bin empty (``ValueError: The
+    histogram is empty``). Every finite value is counted, at its own value."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from fedlight.run.tensorboard import RunLogger
+
+    logger = RunLogger(tmp_path)
+    logger.log_round({"round": 1, "clients": [{"delta_norm": v} for v in values]}, 1)
+    logger.close()
+    ea = EventAccumulator(str(tmp_path / "tb"), size_guidance={"histograms": 0})
+    ea.Reload()
+    (h,) = ea.Histograms("clients/delta_norm")
+    assert (h.histogram_value.num, h.histogram_value.min, h.histogram_value.max) == (len(values), min(values),
+                                                                                    max(values))
+
+
+def test_a_run_whose_updates_are_huge_logs_them_and_says_its_evaluation_is_not_finite(tmp_path, capsys):
+    """lr 1e30 in float64: every client's update norm is near 1e31 (finite) and the test loss NaN from round 1. The run
+    finishes (it ended with a TensorBoard traceback after round 1), its histograms hold the norms, and the non-finite
+    evaluation is said in one line the round it happens."""
+    from fedlight.config.cli import main
+
+    out = tmp_path / "run"
+    tiny = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
+    assert main(["fit", "--config", tiny, "--out_dir", str(out), "--loop.lr", "1e30", "--precision", "64-true",
+                 "--algorithm", "FedAvg", "--loop.rounds", "3", "--loop.local_steps", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "histogram" not in err, err
+    said = [ln for ln in err.splitlines() if "evaluation is not finite" in ln]
+    assert said == [f"fedlight: warning: round 1: the evaluation is not finite (test_loss: NaN or infinite, null in "
+                    f"metrics.jsonl). Likely cause: {said[0].split('Likely cause: ')[1]}"], err  # once, the round
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    norms = [c["delta_norm"] for c in rows[0]["clients"]]
+    assert 1e29 < min(norms) and max(norms) < 1e32 and "test_loss" in rows[0]["nonfinite"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(out / "tb"), size_guidance={"histograms": 0})
+    ea.Reload()
+    first = ea.Histograms("clients/delta_norm")[0]
+    assert (first.step, first.histogram_value.min, first.histogram_value.max) == (1, min(norms), max(norms))
+
+
+def test_a_failing_tensorboard_is_one_line_and_the_run_goes_on(tmp_path, capsys, monkeypatch):
+    """Any TensorBoard failure that is not a failed write (that one is exit 74, resumable) is one warning line naming
+    TensorBoard and the cause; the run finishes with every row."""
+    from fedlight.config.cli import main
+    from fedlight.run import tensorboard
+
+    def broken(self, row, step):
+        if step == 2:
+            raise ValueError("the histogram is empty, please file a bug report")
+
+    monkeypatch.setattr(tensorboard.RunLogger, "log_round", broken)
+    out = tmp_path / "run"
+    tiny = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
+    assert main(["fit", "--config", tiny, "--out_dir", str(out), "--loop.rounds", "3"]) == 0
+    err = capsys.readouterr().err
+    assert (f"fedlight: warning: TensorBoard failed at round 2 (ValueError: the histogram is empty, please file a bug "
+            f"report); training goes on without it, and {out / 'tb'} holds the rounds before") in err, err
+    assert "Traceback" not in err and err.count("TensorBoard failed") == 1
+    assert [json.loads(line)["round"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert main(["verify", str(out)]) == 0
+
+
+def test_in_a_lockstep_group_the_member_with_huge_updates_finishes_too(tmp_path, capsys):
+    """The same run as a member of a group (it failed there, the others going on): every member finishes."""
+    from fedlight.config.cli import main
+
+    tiny = str(Path(__file__).parent.parent / "configs" / "tiny.yaml")
+    flags = ["--config", tiny, "--precision", "64-true", "--algorithm", "FedAvg", "--loop.rounds", "2",
+             "--loop.local_steps", "1"]
+    assert main(["lockstep", *flags, "--loop.lr", "1e30", "--out_dir", str(tmp_path / "huge"), "::", *flags,
+                 "--out_dir", str(tmp_path / "plain")]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "left the group" not in err, err
+    assert "round 1: the evaluation is not finite" in err
+    for name in ("huge", "plain"):
+        assert json.loads((tmp_path / name / "summary.json").read_text())["rounds_completed"] == 2

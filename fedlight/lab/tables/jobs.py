@@ -126,6 +126,28 @@ def state(run, scheduler=None) -> tuple[str, str]:
     return st, where + (f"; {job['note']}" if job.get("note") else "")
 
 
+def settle(runs) -> None:
+    """Record in ``job.json`` what each run whose local launcher is gone did, as its files show (stopped after its
+    last finished round, or done): a record never names a dead process as running (a launcher killed, or stopped
+    before it could record it). Slurm jobs are left to the scheduler's view."""
+    for r in {r.path: r for r in runs}.values():
+        job = read(r.path)
+        if job.get("state") == "running" and not job.get("job") and not alive(job):
+            st, detail = state(r)
+            mark(r.path, state=st, note=detail)
+
+
+def holding(runs) -> str:
+    """What ``runs`` hold: ``2 stopped after a finished round (a seed0 at round 3, ...), 1 finished, 0 not
+    started``."""
+    todo = list({r.path: r for r in runs}.values())
+    done = [r for r in todo if r.finished()]
+    partial = [(r, rounds_done(r.path)) for r in todo if not r.finished() and rounds_done(r.path)]
+    where = ", ".join(f"{r.label} at round {k}" for r, k in partial[:4]) + (", ..." if len(partial) > 4 else "")
+    return (f"{len(partial)} stopped after a finished round{f' ({where})' if partial else ''}, {len(done)} finished, "
+            f"{len(todo) - len(done) - len(partial)} not started")
+
+
 def status_table(runs, scheduler=None) -> str:
     """One line per run folder: ``row/column seedK  state  detail``, then the counts."""
     todo = list({r.path: r for r in runs}.values())

@@ -21,11 +21,12 @@ import sys
 from pathlib import Path
 
 from fedlight.errors import check
-from fedlight.lab.tables import lockstep_runs, runner, table_report
+from fedlight.lab.tables import jobs, lockstep_runs, runner, table_report
 from fedlight.lab.tables import report as rep
 from fedlight.lab.tables.report_plot import check_curve_keys
 from fedlight.lab.tables.runner import Run
 from fedlight.lab.tables.spec import base_path, cells, check_task_metrics, find_spec, load_spec, with_params
+from fedlight.run import stops
 
 
 # ------------------------------------------------------------------------------------------------ the table
@@ -136,10 +137,27 @@ def cmd_reproduce(argv: list[str]) -> int:
         return runner.status(a, out, chosen)
     check(not a.table_only or out.is_dir() or previous is not None, f"`--table-only`: {out} does not exist, so it "
           "holds no run of this table; pass the --out its runs went to (or --previous TABLE_CSV), or run the table")
+    jobs.settle(chosen)  # what an attempt killed before it could record it left
+    launched: list[bool] = []
+    try:
+        return _launch(a, argv, spec, spec_path, runs, chosen, units, why, out, previous, seeds, tuned, launched)
+    except stops.StoppedAtStart as e:  # a stop signal outside the runs' own (before they start, or after them)
+        jobs.settle(chosen)
+        when = "after its runs ended" if launched else "before it started a run"
+        print(f"fedlight reproduce: stopped by {e.stopped.signal_name} {when}; its runs: {jobs.holding(chosen)}; to "
+              f"continue, run the same command again: {shlex.join(['fedlight', 'reproduce', *argv])}",
+              file=sys.stderr, flush=True)
+        return e.stopped.status
+
+
+def _launch(a, argv, spec, spec_path, runs, chosen, units, why, out, previous, seeds, tuned, launched) -> int:
+    """Run the chosen runs (``launched`` gets an item once they ended), then write the table."""
     if len(units) < len({r.path for r in chosen}) and not a.table_only:
         print(f"fedlight reproduce: {len({r.path for r in chosen})} runs in {len(units)} processes, the runs that "
-              f"share a stacked chunk in lockstep groups (--lockstep {why})", flush=True)
+              f"share a stacked chunk in lockstep groups ({why if why.startswith('--') else '--lockstep ' + why})",
+              flush=True)
     counts = {} if a.table_only else runner.launch(a, spec, units, out)
+    launched.append(True)
     if counts.get("signal"):  # stopped: the runs stopped after their round; the same command continues them
         name = counts["signal"]
         print(f"fedlight reproduce: stopped by {name}: {counts.get('stopped', 0)} runs stopped after a finished "

@@ -45,6 +45,10 @@ def execution_args(text: str | None) -> list[str]:
     """Parse ``--fit-args``; only :data:`EXECUTION_FLAGS` are allowed (they do not change a cell's experiment)."""
     args = shlex.split(text or "")
     for a in args:
+        if a.split("=", 1)[0] in ("--streams", "--seeds"):  # not fit's: a group's (reproduce makes its groups)
+            raise ConfigError(f"`--fit-args`: {a.split('=', 1)[0]} is a `fedlight lockstep` flag, not a `fedlight fit` "
+                              "one; reproduce chooses each group's seeds, and its groups take --streams from "
+                              "$FEDLIGHT_LOCKSTEP_STREAMS (auto, on or off)")
         if a.startswith("--") and a.split("=", 1)[0] not in EXECUTION_FLAGS:
             raise ConfigError(f"`--fit-args`: {a.split('=', 1)[0]} changes the experiment, not how it runs; put it in "
                               f"the table spec (or use --shrink). Allowed: {', '.join(EXECUTION_FLAGS)}")

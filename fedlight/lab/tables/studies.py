@@ -4,6 +4,7 @@ of each row (``<name>/<row>``) and its best values. The tables read it; the tuni
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,10 @@ def need_optuna() -> None:
                           "optuna)") from None
 
 
+BUSY_TIMEOUT_S = 60
+"""How long an SQLite storage that another process holds locked is waited for."""
+
+
 def open_storage(url: str, create: bool = True):
     """Optuna's RDB storage at ``url``; one that cannot be opened is one line (exit 2) naming it and why.
     ``create=False`` (a read-only command): an SQLite file that does not exist is refused, not made."""
@@ -30,12 +35,46 @@ def open_storage(url: str, create: bool = True):
     try:
         if url.startswith("sqlite:///"):
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}}
+        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": BUSY_TIMEOUT_S}}
                                           if url.startswith("sqlite") else None)
     except Exception as e:  # noqa: BLE001 - SQLAlchemy's errors vary by driver; each is the same answer here
+        if "database is locked" in str(e):  # a good storage another process holds: storage_faults says so
+            raise
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"`--storage` {url}: cannot be opened ({why}); give an SQLAlchemy URL Optuna can use, e.g. "
                           "sqlite:///runs/tune/study.db or postgresql://user@host/db") from None
+
+
+class StorageFault(ConfigError):
+    """The study storage (or the output folder) could not be written or read: one line, exit 74 (``EX_IOERR``)."""
+
+    status = 74
+
+
+@contextlib.contextmanager
+def storage_faults(url: str, out: Path):
+    """A study storage that cannot be written (read-only, locked, gone) or an output folder that cannot be written is
+    one line naming it and the cause (exit 74), not SQLAlchemy's and Optuna's tracebacks."""
+    import optuna
+    import sqlalchemy.exc
+
+    try:
+        yield
+    except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError) as e:
+        raise StorageFault(f"the study storage {url} cannot be used ({_cause(e)}); make it writable, or wait until "
+                           "the process that holds it ends, then run the same command again (finished trials "
+                           "stay)") from None
+    except OSError as e:
+        raise StorageFault(f"cannot write {e.filename or out}: {e.strerror or e}; fix the folder (or pass another "
+                           "--out), then run the same command again (finished trials stay)") from None
+
+
+def _cause(e: BaseException) -> str:
+    """The innermost error's first line (SQLite's own: ``attempt to write a readonly database``, ...)."""
+    while e.__cause__ is not None or getattr(e, "orig", None) is not None:
+        e = getattr(e, "orig", None) or e.__cause__
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
 
 
 def study_name(name: str, row: str) -> str:

@@ -221,6 +221,13 @@ def cmd_tune(argv: list[str]) -> int:
     out = Path(a.out) if a.out else default_out(spec_path, a.shrink)
     name = a.study or spec_path.stem
     url = tune_study.storage_url(a.storage, out)
+    with studies.storage_faults(url, out):
+        return _tune(a, argv, spec, spec_path, tune, rows, out, name, url)
+
+
+def _tune(a: argparse.Namespace, argv: list[str], spec: dict[str, Any], spec_path: Path, tune: tune_space.Tune,
+          rows: list[str], out: Path, name: str, url: str) -> int:
+    """The study: open it, run its trials, write its report (``fedlight tune``, once its arguments are checked)."""
     job = Job(spec, spec_path, tune, out, url, name, rows, a.shrink, runner.execution_args(a.fit_args),
               create=not a.report_only)  # --report-only: every study must exist; none is made or changed
     from fedlight.run.files import atomic_write_text

@@ -35,8 +35,10 @@ def open_study(storage, name: str, protocol: dict[str, Any], maximize: bool, sam
         known = optuna.get_all_study_names(storage)
         check(name in known, f"the storage has no study {name!r} (it has {', '.join(sorted(known)) or 'none'}); "
               "run `fedlight tune` with this spec first, or pass its --out (or --storage/--study)")
-    study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True, sampler=sampler,
-                                pruner=pruner, direction="maximize" if maximize else "minimize")
+        study = optuna.load_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner)  # writes nothing
+    else:
+        study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True, sampler=sampler,
+                                    pruner=pruner, direction="maximize" if maximize else "minimize")
     made = study.user_attrs.get(PROTOCOL)
     wanted = json.loads(json.dumps(protocol, default=str))
     if made is not None and "recipe" not in made and "recipe" in wanted:  # made before the recipe was recorded
