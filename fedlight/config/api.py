@@ -106,6 +106,8 @@ def fit_steps(args: dict[str, Any], fabric=None) -> Generator[Work | Evaluation,
     plan.before = snapshot(plan.out)  # what the start decision reads, compared again under the lock
     plan.ckpt_path, plan.ckpt, plan.clear = resumes.start(plan.out, a.get("resume"), a.get("overwrite", False),
                                                           plan.defining)
+    if (done := resumes.finished(plan, a.get("overwrite", False))) is not None:
+        return done  # said in one line; nothing trained, nothing written
     from fedlight.config import launch
 
     fabric = fabric or launch.fabric(plan.accelerator, a.get("devices", 1), a.get("num_nodes", 1), plan.precision)

@@ -134,7 +134,8 @@ class FitDriver:
         record.progress.key = loop.task.headline_key
         start = state.rounds_done
         record.begin(start, state.last_row)
-        loop.fabric.print(f"fedlight: client runner: {loop.runner.name} ({loop.runner_reason})")
+        if start < loop.cfg.rounds:
+            loop.fabric.print(f"fedlight: client runner: {loop.runner.name} ({loop.runner_reason})")
         for r in range(start, loop.cfg.rounds):
             row = yield from self._fit_round(r)
             if row is None:
@@ -142,6 +143,7 @@ class FitDriver:
             if r == start:
                 row["warm_up"] = True  # compilation, autotuning, allocator: not in seconds_per_round
             row["rss_mb"] = rss_mb()
+            state.segments[-1].update(self._runner())  # this stretch's runner trained a round (checkpointed)
             self._record(row)
 
     def _fit_round(self, r: int) -> Generator[Work, Any, dict[str, Any] | None]:
@@ -176,6 +178,13 @@ class FitDriver:
         if stop:
             stops.stop_here(record, done, stop)  # raises stops.Stopped once the row and checkpoint are on disk
 
+    def _runner(self) -> dict[str, Any]:
+        """The client runner as it trained this round: its description, why it was chosen, its fallbacks so far."""
+        loop = self.loop
+        runner = loop.runner
+        return {"client_runner": f"{getattr(runner, 'description', runner.name)} ({loop.runner_reason})",
+                "client_runner_fallbacks": list(getattr(runner, "fallbacks", []))}
+
     def finish(self) -> dict[str, Any]:
         """Write final_model.pt and summary.json from the global model and the record's rows."""
         loop, record = self.loop, self.record
@@ -187,9 +196,9 @@ class FitDriver:
         summary["metric_directions"] = task.directions()  # what `fedlight report` reads a best_ value by
         if self.diverged_at is not None:
             summary["diverged_at_round"] = self.diverged_at
-        runner = loop.runner
-        summary["client_runner"] = f"{getattr(runner, 'description', runner.name)} ({loop.runner_reason})"
-        summary["client_runner_fallbacks"] = list(getattr(runner, "fallbacks", []))
+        trained = [s for s in loop.state.segments if "client_runner" in s]  # never a runner that trained no round
+        if trained:
+            summary.update({k: trained[-1][k] for k in ("client_runner", "client_runner_fallbacks")})
         if loop.state.segments:
             summary["segments"] = loop.state.segments
         if task.effective:
