@@ -65,11 +65,15 @@ class Trackers:
     def start(self) -> None:
         """Build each logger (continuing its stored run) and reach it: params and tags for a new run. Unreachable:
         one :class:`ConfigError` line."""
+        if any(e["name"].startswith("mlflow") for e in self.entries):  # its import sets its loggers' level: first
+            with contextlib.suppress(ImportError):
+                importlib.import_module("mlflow")
         for e in self.entries:
             name, known = e["name"], self._held(e, self.state.get(e["name"], {}))
             try:
-                logger = e.get("logger") or self._build(e, known)
-                run_id = _run_id(logger)  # connects: creates or opens the tracker's run
+                with _quiet():  # MLflow's INFO lines as it creates a new store's tables
+                    logger = e.get("logger") or self._build(e, known)
+                    run_id = _run_id(logger)  # connects: creates or opens the tracker's run
                 if known.get("id") is None or known.get("describe"):
                     self._describe(logger)
                 elif hasattr(logger.experiment, "update_run"):  # MLflow: a stopped run is running again
@@ -291,7 +295,8 @@ def _json(path: Path) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _quiet():
-    """MLflow logs a failed store call with its traceback, then raises it: fedlight reports it once, in one line."""
+    """MLflow logs a failed store call with its traceback, then raises it: fedlight reports it once, in one line.
+    Also MLflow's INFO lines as it creates a new store's tables."""
     import logging
 
     log = logging.getLogger("mlflow")
