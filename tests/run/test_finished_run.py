@@ -45,8 +45,8 @@ def test_a_finished_run_found_again_is_one_line_and_nothing_trained(tmp_path, ca
     # told to overwrite, it starts over (the recipe's `resume: auto` notwithstanding), with the runner asked for
     assert _fit(out, "--loop.client_parallelism", "vmap", "--overwrite", "true") == 0
     again = _summary(out)
-    assert again["run_id"] != summary["run_id"] and again["client_runner"] == "stacked, eager (loop.client_parallelism: "\
-                                                                             "vmap)"
+    assert again["run_id"] != summary["run_id"]
+    assert again["client_runner"] == "stacked, eager (loop.client_parallelism: vmap)"
     assert [s["from_round"] for s in again["segments"]] == [0]
     assert again["final_test_acc"] == summary["final_test_acc"]  # the stacked runner computes the same run
 
