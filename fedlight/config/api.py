@@ -140,7 +140,7 @@ def _record(fabric, plan: Plan) -> RunRecord:
     from fedlight.config import launch
 
     record = RunRecord(plan.out, rank0=fabric.global_rank == 0, rounds=plan.loop.rounds, progress=plan.loop.progress,
-                       hint=recorded.lr_hint(plan.algorithm, plan.loop))
+                       hint=recorded.lr_hint(plan.algorithm, plan.loop, plan.privacy))
     record.tensorboard = plan.trackers[0]
     record.rotate = plan.ckpt_path is None or plan.ckpt_path.name != "prev.ckpt"  # else last.ckpt is damaged
     launch.agree(fabric, lambda: record.acquire(plan.before))
