@@ -45,6 +45,7 @@ class FitDriver:
     def __init__(self, loop: FederatedLoop, record: RunRecord | None = None) -> None:
         self.loop, self.record = loop, record
         self.diverged_at: int | None = None
+        self.trained_by: dict[str, Any] | None = None  # the client runner of this process's last round
 
     @classmethod
     def prepare(cls, fabric, model, data, algorithm: Algorithm, cfg: LoopConfig, seed: int, out_dir: Path,
@@ -143,7 +144,9 @@ class FitDriver:
             if r == start:
                 row["warm_up"] = True  # compilation, autotuning, allocator: not in seconds_per_round
             row["rss_mb"] = rss_mb()
-            state.segments[-1].update(self._runner())  # this stretch's runner trained a round (checkpointed)
+            self.trained_by = self._runner()  # this process's runner trained a round
+            if state.segments:  # kept with the stretch of the run in the checkpoint, for a finishing pass
+                state.segments[-1].update(self.trained_by)
             self._record(row)
 
     def _fit_round(self, r: int) -> Generator[Work, Any, dict[str, Any] | None]:
@@ -196,9 +199,9 @@ class FitDriver:
         summary["metric_directions"] = task.directions()  # what `fedlight report` reads a best_ value by
         if self.diverged_at is not None:
             summary["diverged_at_round"] = self.diverged_at
-        trained = [s for s in loop.state.segments if "client_runner" in s]  # never a runner that trained no round
-        if trained:
-            summary.update({k: trained[-1][k] for k in ("client_runner", "client_runner_fallbacks")})
+        trained = self.trained_by or next((s for s in reversed(loop.state.segments) if "client_runner" in s), None)
+        if trained is not None:  # never a runner that trained no round (a finishing pass trains none)
+            summary.update({k: trained[k] for k in ("client_runner", "client_runner_fallbacks")})
         if loop.state.segments:
             summary["segments"] = loop.state.segments
         if task.effective:
