@@ -67,9 +67,10 @@ def finished(plan, overwrite: bool) -> Finished | None:
                      and json.dumps(v, default=str) != json.dumps(last[0]["settings"][k], default=str)
                      and k not in ("resume", "overwrite", "out_dir"))
     why = f"; {', '.join(changed)} changed, execution-only (the same run, in the same folder)" if changed else ""
-    print(f"fedlight: {out} already holds this run, finished ({plan.loop.rounds} rounds, final {key.replace('_', ' ')} "
-          f"{format_metric(key, summary.get(f'final_{key}'))}){why}: nothing trained. To train it anew pass "
-          "`--overwrite true` or another `--out_dir`", file=sys.stderr, flush=True)
+    if _launching():
+        print(f"fedlight: {out} already holds this run, finished ({plan.loop.rounds} rounds, final "
+              f"{key.replace('_', ' ')} {format_metric(key, summary.get(f'final_{key}'))}){why}: nothing trained. To "
+              "train it anew pass `--overwrite true` or another `--out_dir`", file=sys.stderr, flush=True)
     return Finished(summary)
 
 
@@ -116,8 +117,13 @@ def _other_run(out: Path, defining: dict[str, Any]) -> str:
 
 def note(message: str) -> None:
     """One ``fedlight: note:`` line, from the launching process only (Fabric's launcher reruns ``fit`` per rank)."""
-    if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
+    if _launching():
         print(f"fedlight: note: {message}", file=sys.stderr, flush=True)
+
+
+def _launching() -> bool:
+    """Whether this is the launching process (not a rank that Fabric's launcher, ``torchrun`` or ``srun`` started)."""
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
 
 
 def check_existing(out: Path, resume: str | None, overwrite: bool) -> bool | str:
