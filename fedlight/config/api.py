@@ -107,6 +107,8 @@ def fit_steps(args: dict[str, Any], fabric=None) -> Generator[Work | Evaluation,
     plan.before = snapshot(plan.out)  # what the start decision reads, compared again under the lock
     plan.ckpt_path, plan.ckpt, plan.clear = resumes.start(plan.out, a.get("resume"), a.get("overwrite", False),
                                                           plan.defining, plan.loop.rounds)
+    if (done := resumes.finished(plan, a.get("overwrite", False))) is not None:
+        return done  # said in one line; nothing trained, nothing written
     from fedlight.config import launch
 
     fabric = fabric or launch.fabric(plan.accelerator, a.get("devices", 1), a.get("num_nodes", 1), plan.precision)
@@ -143,7 +145,7 @@ def _record(fabric, plan: Plan) -> RunRecord:
     from fedlight.config import launch
 
     record = RunRecord(plan.out, rank0=fabric.global_rank == 0, rounds=plan.loop.rounds, progress=plan.loop.progress,
-                       hint=recorded.lr_hint(plan.algorithm, plan.loop))
+                       hint=recorded.lr_hint(plan.algorithm, plan.loop, plan.privacy))
     record.tensorboard = plan.trackers[0]
     record.rotate = plan.ckpt_path is None or plan.ckpt_path.name != "prev.ckpt"  # else last.ckpt is damaged
     launch.agree(fabric, lambda: record.acquire(plan.before))

@@ -161,13 +161,14 @@ def cpu_threads(accelerator: str) -> None:
 
 def cmd_fit(argv: list[str]) -> int:
     from fedlight.config import api
+    from fedlight.config import resume as resumes
 
     kwargs, text = _parse("fedlight fit", argv)
     cpu_threads(kwargs.get("accelerator", "auto"))
     summary = api.fit(**kwargs, _config_text=text)
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-    if getattr(rank_zero_only, "rank", 0) != 0:
+    if getattr(rank_zero_only, "rank", 0) != 0 or isinstance(summary, resumes.Finished):  # said in one line
         return 0
     _print_summary(summary)
     if summary.get("diverged_at_round") is not None:

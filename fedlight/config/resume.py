@@ -27,9 +27,11 @@ def start(out: Path, resume: str | None, overwrite: bool, defining: dict[str, An
     check_out_dir(out)
     ckpt_path, ckpt = load_resume(resolve_resume(resume, out, defining), resume == "auto", note)
     if ckpt is not None and ckpt_path.parent.parent.resolve() == out.resolve():
-        check_metrics(out / "metrics.jsonl", ckpt)  # never silently fewer rows, nor another run's or edited ones
-        if rounds is not None and int(ckpt["round"]) >= rounds:
-            check_finished(out, ckpt_path, ckpt)
+        done = rounds is not None and int(ckpt["round"]) >= rounds
+        if not (done and overwrite):  # a finished run told to overwrite starts over (:func:`finished`): none of it read
+            check_metrics(out / "metrics.jsonl", ckpt)  # never silently fewer rows, nor another run's or edited ones
+            if done:
+                check_finished(out, ckpt_path, ckpt)
     return ckpt_path, ckpt, check_existing(out, resume, overwrite)
 
 
@@ -52,6 +54,57 @@ def check_finished(out: Path, ckpt_path: Path, ckpt: dict[str, Any]) -> None:
                               f"or client state the run no longer needs (`fedlight verify {out}` lists every file)")
         note(f"{out / name} is damaged: {why}; written again from the checkpoint {ckpt_path} (round {ckpt['round']}, "
              "the run's last)")
+
+
+class Finished(dict):
+    """The ``summary.json`` of a run that a command found already finished (it trained nothing)."""
+
+
+def finished(plan, overwrite: bool) -> Finished | None:
+    """The summary of the run in ``plan.out`` when the checkpoint a resume found there is that run's, finished at
+    ``loop.rounds`` with the same defining settings, its ``summary.json`` and ``final_model.pt`` written: one line says
+    so, naming the folder and how to train anew. Told to ``overwrite``, a finished run starts over instead (``plan``
+    then resumes nothing and clears the folder). ``None``: there is something to do (train, or finish)."""
+    out, ckpt = plan.out, plan.ckpt
+    if ckpt is None or plan.ckpt_path.parent.parent.resolve() != out.resolve() or int(ckpt["round"]) < plan.loop.rounds:
+        return None
+    if overwrite:
+        plan.ckpt_path, plan.ckpt, plan.clear = None, None, True
+        return None
+    if int(ckpt["round"]) != plan.loop.rounds or differences(json.loads(ckpt.get("settings") or "{}"), plan.defining):
+        return None  # another run's settings: refused with the differences, later
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    ours = summary.get("run_id") in (None, ckpt.get("run_id"))
+    if not ours or summary.get("rounds_completed") != plan.loop.rounds or not (out / "final_model.pt").is_file():
+        return None  # stopped between its last checkpoint and its summary: finishing writes them
+    sent = _json(out / "trackers.json")
+    if any(not isinstance(sent.get(e["name"]), dict) or sent[e["name"]].get("logged", 0) < plan.loop.rounds
+           for e in plan.trackers[1]):
+        return None  # a tracker added (or one that missed rounds): the finishing pass sends it the rounds it lacks
+    from fedlight.run.files import format_metric
+
+    key = (summary.get("headline") or {}).get("metric", "test_acc")
+    last = (summary.get("segments") or json.loads(ckpt.get("segments") or "[]"))[-1:] or [{}]
+    changed = sorted(k for k, v in plan.execution.items() if k in last[0].get("settings", {})
+                     and json.dumps(v, default=str) != json.dumps(last[0]["settings"][k], default=str)
+                     and k not in ("resume", "overwrite", "out_dir"))
+    why = f"; {', '.join(changed)} changed, execution-only (the same run, in the same folder)" if changed else ""
+    if _launching():
+        print(f"fedlight: {out} already holds this run, finished ({plan.loop.rounds} rounds, final "
+              f"{key.replace('_', ' ')} {format_metric(key, summary.get(f'final_{key}'))}){why}: nothing trained. To "
+              "train it anew pass `--overwrite true` or another `--out_dir`", file=sys.stderr, flush=True)
+    return Finished(summary)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def resolve_resume(resume: str | None, out: Path, defining: dict[str, Any] | None = None) -> Path | None:
@@ -89,8 +142,13 @@ def _other_run(out: Path, defining: dict[str, Any]) -> str:
 
 def note(message: str) -> None:
     """One ``fedlight: note:`` line, from the launching process only (Fabric's launcher reruns ``fit`` per rank)."""
-    if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
+    if _launching():
         print(f"fedlight: note: {message}", file=sys.stderr, flush=True)
+
+
+def _launching() -> bool:
+    """Whether this is the launching process (not a rank that Fabric's launcher, ``torchrun`` or ``srun`` started)."""
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
 
 
 def check_existing(out: Path, resume: str | None, overwrite: bool) -> bool | str:

@@ -47,12 +47,31 @@ def resolve_clip(defining: dict[str, Any], lightning: bool) -> dict[str, Any]:
     return {**defining, CLIP_KEY: None if lightning else AUTO_CLIP}
 
 
-def lr_hint(algorithm, loop: LoopConfig) -> str:
+ADAPTIVE = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "SparseAdam")
+"""torch.optim's adaptive optimizers: their learning rates are of another scale (~1e-3) than SGD's."""
+
+
+def lr_hint(algorithm, loop: LoopConfig, privacy=None) -> str:
+    """The likely causes of a diverging run, for the exploding-loss warning: the learning rate for the optimizer
+    that really trains (a rule's own optimizer is Adam-type), and first, for a private run, its noise."""
     name = type(algorithm).__name__
-    own = algorithm.local.brings_optimizer
+    own = algorithm.local.brings_optimizer  # FedAdamW, Local Adam/AdamW, FedLADA: Adam-type optimizers
+    adaptive = own or loop.optimizer.rsplit(".", 1)[-1] in ADAPTIVE
     opt = f"{name}'s own local optimizer" if own else f"the local optimizer {loop.optimizer}"
-    return (f"the learning rate `loop.lr` = {loop.lr:g} is too large for {opt} (adaptive optimizers such as Adam/AdamW "
-            f"usually take ~1e-3); lower it, e.g. `--loop.lr {loop.lr / 100:g}`")
+    scale = " (adaptive optimizers such as Adam/AdamW usually take ~1e-3)" if adaptive else ""
+    lr = (f"the learning rate `loop.lr` = {loop.lr:g} is too large for {opt}{scale}; lower it, e.g. "
+          f"`--loop.lr {loop.lr / (100 if adaptive else 10):g}`")
+    if privacy is None:
+        return lr
+    if getattr(privacy, "level", "client") == "record":
+        noise = ("the DP-SGD noise (σ·C on each local step's sum of clipped example gradients, C = `privacy.clip`) "
+                 "outweighs the gradients: larger batches or a larger `privacy.target_epsilon`")
+    else:
+        noise = ("the privacy noise outweighs the clipped updates (σ·C/m per coordinate of the mean update, σ as "
+                 "printed before round 1, C = `privacy.clip`, m = `loop.clients_per_round`): more clients (in the "
+                 "population and per round; see docs/privacy.md), a smaller `privacy.clip` or a larger "
+                 "`privacy.target_epsilon`")
+    return f"{noise}; or {lr}"
 
 
 def hparams(algorithm, loop, seed) -> dict[str, Any]:

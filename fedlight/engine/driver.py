@@ -45,6 +45,7 @@ class FitDriver:
     def __init__(self, loop: FederatedLoop, record: RunRecord | None = None) -> None:
         self.loop, self.record = loop, record
         self.diverged_at: int | None = None
+        self.trained_by: dict[str, Any] | None = None  # the client runner of this process's last round
 
     @classmethod
     def prepare(cls, fabric, model, data, algorithm: Algorithm, cfg: LoopConfig, seed: int, out_dir: Path,
@@ -134,7 +135,8 @@ class FitDriver:
         record.progress.key = loop.task.headline_key
         start = state.rounds_done
         record.begin(start, state.last_row)
-        loop.fabric.print(f"fedlight: client runner: {loop.runner.name} ({loop.runner_reason})")
+        if start < loop.cfg.rounds:
+            loop.fabric.print(f"fedlight: client runner: {loop.runner.name} ({loop.runner_reason})")
         for r in range(start, loop.cfg.rounds):
             row = yield from self._fit_round(r)
             if row is None:
@@ -142,6 +144,9 @@ class FitDriver:
             if r == start:
                 row["warm_up"] = True  # compilation, autotuning, allocator: not in seconds_per_round
             row["rss_mb"] = rss_mb()
+            self.trained_by = self._runner()  # this process's runner trained a round
+            if state.segments:  # kept with the stretch of the run in the checkpoint, for a finishing pass
+                state.segments[-1].update(self.trained_by)
             self._record(row)
 
     def _fit_round(self, r: int) -> Generator[Work, Any, dict[str, Any] | None]:
@@ -180,6 +185,13 @@ class FitDriver:
         if stop:
             stops.stop_here(record, done, stop)  # raises stops.Stopped once the row and checkpoint are on disk
 
+    def _runner(self) -> dict[str, Any]:
+        """The client runner as it trained this round: its description, why it was chosen, its fallbacks so far."""
+        loop = self.loop
+        runner = loop.runner
+        return {"client_runner": f"{getattr(runner, 'description', runner.name)} ({loop.runner_reason})",
+                "client_runner_fallbacks": list(getattr(runner, "fallbacks", []))}
+
     def finish(self) -> dict[str, Any]:
         """Write final_model.pt and summary.json from the global model and the record's rows."""
         loop, record = self.loop, self.record
@@ -191,9 +203,9 @@ class FitDriver:
         summary["metric_directions"] = task.directions()  # what `fedlight report` reads a best_ value by
         if self.diverged_at is not None:
             summary["diverged_at_round"] = self.diverged_at
-        runner = loop.runner
-        summary["client_runner"] = f"{getattr(runner, 'description', runner.name)} ({loop.runner_reason})"
-        summary["client_runner_fallbacks"] = list(getattr(runner, "fallbacks", []))
+        trained = self.trained_by or next((s for s in reversed(loop.state.segments) if "client_runner" in s), None)
+        if trained is not None:  # never a runner that trained no round (a finishing pass trains none)
+            summary.update({k: trained[k] for k in ("client_runner", "client_runner_fallbacks")})
         if loop.state.segments:
             summary["segments"] = loop.state.segments
         if task.effective:

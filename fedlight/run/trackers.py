@@ -55,6 +55,7 @@ class Trackers:
         self.state: dict[str, dict[str, Any]] = _json(self.out / FILE) if resumed else {}
         self.loggers: dict[str, Any] = {}
         self.failed: dict[str, int] = {}  # name -> the first round it missed
+        self.default_stores: dict[str, str] = {}  # an MLflow tracker given no tracking URI -> the store it used
         self.last_round = 0
         self.pending: list[dict[str, Any]] = []  # rows whose checkpoint is not on disk yet
         self.writer = CheckpointWriter()
@@ -64,11 +65,15 @@ class Trackers:
     def start(self) -> None:
         """Build each logger (continuing its stored run) and reach it: params and tags for a new run. Unreachable:
         one :class:`ConfigError` line."""
+        if any(e["name"].startswith("mlflow") for e in self.entries):  # its import sets its loggers' level: first
+            with contextlib.suppress(ImportError):
+                importlib.import_module("mlflow")
         for e in self.entries:
             name, known = e["name"], self._held(e, self.state.get(e["name"], {}))
             try:
-                logger = e.get("logger") or self._build(e, known.get("id"))
-                run_id = _run_id(logger)  # connects: creates or opens the tracker's run
+                with _quiet():  # MLflow's INFO lines as it creates a new store's tables
+                    logger = e.get("logger") or self._build(e, known)
+                    run_id = _run_id(logger)  # connects: creates or opens the tracker's run
                 if known.get("id") is None or known.get("describe"):
                     self._describe(logger)
                 elif hasattr(logger.experiment, "update_run"):  # MLflow: a stopped run is running again
@@ -82,6 +87,8 @@ class Trackers:
                                   f"{_line(err)}. Fix the tracker's address or leave it out of `--loggers`") from None
             self.loggers[name] = logger
             self.state[name] = {"id": run_id, "logged": known.get("logged", 0) if known.get("id") else 0}
+            if name in self.default_stores:  # a resume started in another folder finds the same store
+                self.state[name]["tracking_uri"] = self.default_stores[name]
         self._save()
 
     def _held(self, e: dict[str, Any], known: dict[str, Any]) -> dict[str, Any]:
@@ -99,18 +106,23 @@ class Trackers:
             upto += 1
         return {**known, "logged": min(int(known.get("logged", 0)), upto), "describe": not held[1]}
 
-    def _build(self, e: dict[str, Any], run_id: str | None):
+    def _build(self, e: dict[str, Any], known: dict[str, Any]):
         module, _, cls_name = e["class_path"].rpartition(".")
         cls = getattr(importlib.import_module(module), cls_name)  # an error here is "cannot start" (see start)
         params = inspect.signature(cls).parameters
         ours = e["name"].startswith(("mlflow", "wandb"))  # WandbLogger hands **kwargs to wandb.init
         args = {**{k: v for k, v in self._defaults(e["name"]).items() if ours or k in params}, **e["init_args"]}
+        if e["name"].startswith("mlflow") and not args.get("tracking_uri") and "save_dir" not in e["init_args"]:
+            uri = self.default_stores[e["name"]] = args["tracking_uri"] = known.get("tracking_uri") or default_store()
+            print(f"fedlight: note: mlflow: logging to {uri}, MLflow's default store (MLFLOW_TRACKING_URI or the "
+                  f"logger's tracking_uri chooses another; `mlflow ui --backend-store-uri {uri}` shows it)",
+                  file=sys.stderr, flush=True)
         uri = str(args.get("tracking_uri") or "")
         if e["name"].startswith("mlflow") and uri.startswith("sqlite:///") and not args.get("artifact_location"):
             args["artifact_location"] = _beside(uri)  # else MLflow puts them in ./mlruns of the working directory
         resume_arg = next((a for a in RESUME_ARGS if a in params), None)
-        if run_id is not None and resume_arg is not None:
-            args[resume_arg] = run_id
+        if known.get("id") is not None and resume_arg is not None:
+            args[resume_arg] = known["id"]
         try:
             return cls(**args)
         except TypeError as err:
@@ -259,6 +271,15 @@ def _is_wandb(logger) -> bool:
     return type(logger).__module__.endswith("wandb")
 
 
+def default_store() -> str:
+    """The store MLflow itself uses where no tracking URI is set: ``sqlite:///mlflow.db`` in the working directory
+    (an existing ``./mlruns`` file store instead, as MLflow decides), as an absolute URI. Lightning's
+    ``MLFlowLogger`` would use a ``./mlruns`` file store, which MLflow 3 refuses."""
+    import mlflow
+
+    return mlflow.get_tracking_uri()
+
+
 def _beside(sqlite_uri: str) -> str:
     """``mlruns/`` next to the SQLite database of ``sqlite:///PATH`` (relative paths: from the working directory),
     as a ``file://`` URI: where a new experiment keeps its artifacts."""
@@ -273,7 +294,8 @@ def _json(path: Path) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _quiet():
-    """MLflow logs a failed store call with its traceback, then raises it: fedlight reports it once, in one line."""
+    """MLflow logs a failed store call with its traceback, then raises it: fedlight reports it once, in one line.
+    Also MLflow's INFO lines as it creates a new store's tables."""
     import logging
 
     log = logging.getLogger("mlflow")

@@ -182,10 +182,13 @@ def test_default_directories_differ_when_settings_differ(tmp_path):
     for extra in ([], ["--algorithm", "fedavg"], ["--loop.progress", "true"]):
         res = _fit("--loop.rounds", 1, "--resume", "auto", *extra, cwd=tmp_path)
         assert res.returncode == 0, res.stderr[-3000:]
-        line = next(x for x in res.stderr.splitlines() if x.startswith("fedlight: run directory"))
-        runs.append(line.split("run directory ", 1)[1].strip())
+        lines = res.stderr.splitlines()
+        named = [x.split("run directory ", 1)[1] for x in lines if x.startswith("fedlight: run directory ")]
+        named += [x.removeprefix("fedlight: ").split(" already holds this run, finished ", 1)[0] for x in lines
+                  if " already holds this run, finished " in x]  # the run found finished: nothing trained
+        runs.append(named[0].strip())
     assert runs[0] != runs[1]  # another algorithm: another directory
-    assert runs[0] == runs[2]  # an execution-only setting: the same run
+    assert runs[0] == runs[2]  # an execution-only setting: the same run (found finished)
     assert all((tmp_path / r / "summary.json").is_file() for r in runs)
 
 

@@ -143,6 +143,25 @@ def test_exploding_train_loss_warns_once_with_the_likely_cause(tmp_path, capsys)
     assert err.count("warning") == 1 and "round 3 train loss 93.9" in err and "`loop.lr` = 0.1" in err
 
 
+def test_the_divergence_hint_names_the_causes_of_the_run_at_hand():
+    """An SGD run's warning blamed the learning rate 'for adaptive optimizers such as Adam/AdamW' and suggested lr/100;
+    a private run's, not the noise that made it diverge (the README's DP line: train loss 0.65 -> 159)."""
+    from fedlight.algorithms import FedAvg
+    from fedlight.config.settings import lr_hint as _lr_hint
+    from fedlight.privacy.settings import PrivacyConfig
+
+    sgd = _lr_hint(FedAvg(), LoopConfig(lr=0.05))
+    assert sgd == ("the learning rate `loop.lr` = 0.05 is too large for the local optimizer torch.optim.SGD; lower it, "
+                   "e.g. `--loop.lr 0.005`")
+    adam = _lr_hint(FedAvg(), LoopConfig(lr=0.1, optimizer="torch.optim.AdamW"))
+    assert "Adam/AdamW usually take ~1e-3" in adam and "`--loop.lr 0.001`" in adam
+    private = _lr_hint(FedAvg(), LoopConfig(lr=0.05), PrivacyConfig(target_epsilon=8.0, delta=1e-3))
+    assert private.startswith("the privacy noise outweighs the clipped updates (σ·C/m per coordinate of the mean ")
+    assert private.endswith("; or " + sgd) and "Adam" not in private
+    record = _lr_hint(FedAvg(), LoopConfig(lr=0.05), PrivacyConfig(level="record", noise_multiplier=1.0))
+    assert record.startswith("the DP-SGD noise") and record.endswith(sgd)
+
+
 # ---------------------------------------------------------------------------------------- background checkpoints
 def test_next_round_runs_while_the_checkpoint_is_written(tmp_path, monkeypatch):
     """Checkpoint r's write waits until round r+1 has started: it completes only if the loop did not wait for it.

@@ -102,6 +102,44 @@ def test_mlflow_one_run_per_fit_kept_through_sigkill_and_resume(mlflow_store, tm
     assert not (tmp_path / "mlruns").exists() and (tmp_path / "store" / "mlruns").is_dir()  # beside mlflow.db
 
 
+def test_mlflow_without_a_tracking_uri_logs_to_mlflows_default_sqlite_store(tmp_path, monkeypatch, capsys):
+    """No MLFLOW_* variable and no tracking_uri: Lightning's MLFlowLogger would use a ./mlruns file store, which
+    MLflow 3 refuses (exit 2). fedlight takes MLflow's own default, ./mlflow.db (what `mlflow ui` opens), says so in
+    one line, and a resume started in another folder continues the same MLflow run in that store."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    cmd = [sys.executable, "-m", "fedlight.config.cli", "fit", "--config", TINY, "--out_dir", str(out), "--loggers",
+           "[tensorboard, mlflow]"]
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    said = [line for line in res.stderr.splitlines() if "mlflow" in line.lower() and "run directory" not in line]
+    assert said == [f"fedlight: note: mlflow: logging to {uri}, MLflow's default store (MLFLOW_TRACKING_URI or the "
+                    f"logger's tracking_uri chooses another; `mlflow ui --backend-store-uri {uri}` shows it)"], said
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("fedlight").experiment_id])
+    _assert_history(client, run.info.run_id, _rows(out))
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.yaml", "summary.json",
+                                                                         "final_model.pt"}
+    assert (tmp_path / "mlruns").is_dir()  # the artifacts beside mlflow.db
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for k in [k for k in os.environ if k.startswith("MLFLOW_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.chdir(elsewhere)
+    assert main(["fit", "--config", TINY, "--out_dir", str(out), "--loop.rounds", "3", "--resume", "auto",
+                 "--loggers", "[tensorboard, mlflow]"]) == 0
+    assert f"logging to {uri}" in capsys.readouterr().err and not (elsewhere / "mlflow.db").exists()
+    (again,) = client.search_runs([run.info.experiment_id])
+    assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
+    _assert_history(client, run.info.run_id, _rows(out))  # rounds 1-3, once each
+
+
 def _freeze(folder: Path, on: bool) -> None:
     """Make ``folder`` and its files read-only, for root too (the immutable flag), or writable again."""
     paths = [folder, *folder.iterdir()]
