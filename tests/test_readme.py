@@ -44,16 +44,18 @@ CANNOT_RUN_HERE = {  # a regular expression over the command as written -> why t
 }
 
 
-def test_fabric_snippet_runs():
-    text = README.read_text()
-    section = text.split("## Use a rule in your own Fabric script", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def test_fabric_snippet_is_the_docs_and_runs():
+    """The README's Fabric snippet is docs/fabric.md's first block (tests/test_fabric.py runs that block for every
+    registered rule and checks the output the page shows); here it runs as the README shows it."""
+    def first_python(text: str) -> str:
+        return re.search(r"```python\n(.*?)```", text, re.S).group(1)
+
+    code = first_python(README.read_text().split("## Use a rule in your own Fabric script", 1)[1])
+    assert code == first_python((ROOT / "docs" / "fabric.md").read_text())
     scope: dict = {}
     exec(compile(code, "README-snippet", "exec"), scope)
-    x = scope["x"]
-    assert all(torch.isfinite(v).all() for v in x.values())
-    assert scope["algo"].server.m is not None  # FedNSAM's server momentum moved
-    assert float(sum(v.abs().sum() for v in scope["algo"].server.m.values())) > 0
+    assert all(torch.isfinite(v).all() for v in scope["x"].values())
+    assert any(not torch.equal(scope["x"][k], scope["trainer"].x0[k]) for k in scope["x"])  # the rounds moved it
 
 
 def test_algorithm_table_is_generated():
