@@ -44,12 +44,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     _atomic(Path(path), fill)
 
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # read once, at import (os.umask sets as it reads; the background writer must not race it)
+
+
 def _atomic(path: Path, fill, before_replace=None, previous: Path | None = None) -> None:
     """``fill(fd)`` writes a temporary file beside ``path``; it is fsync'ed and renamed over ``path`` (after moving
     the file there to ``previous``, if given), or removed if anything fails."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide a run's files from the group the umask admits
         fill(fd)
         os.fsync(fd)
         os.close(fd)

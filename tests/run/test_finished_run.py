@@ -76,3 +76,17 @@ def test_a_finishing_pass_that_trains_no_round_keeps_the_runner_that_trained(tmp
     capsys.readouterr()
     assert _fit(out, "--loggers", "[tensorboard, csv]") == 0  # now it holds them: finished, one line
     assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+def test_a_runs_files_are_as_readable_as_the_umask_allows(tmp_path):
+    """Atomic writes go through ``mkstemp`` (0600); the run's files get the mode the process's umask gives a new
+    file, so colleagues on a shared machine read them as they read anything else the user writes."""
+    import os
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    out = tmp_path / "run"
+    assert _fit(out) == 0
+    modes = {str(p.relative_to(out)): p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
+    assert {"summary.json", "config.yaml", "final_model.pt", "checkpoints/last.ckpt"} <= modes.keys()
+    assert {name: mode for name, mode in modes.items() if mode != 0o666 & ~umask} == {}
