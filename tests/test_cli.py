@@ -214,3 +214,11 @@ def test_a_finished_fit_leaves_at_once_whatever_exit_handlers_wait_for(tmp_path)
     assert res.returncode == 0 and not teardown.exists(), res.stderr[-3000:]
     assert "wall time (s)" in res.stdout  # the summary came before the exit
     assert (tmp_path / "run" / "summary.json").exists() and (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("argv", [["fit"], ["fit", "--loop.rounds", "2"], ["partition"]])
+def test_a_command_without_a_recipe_says_how_to_give_one(argv, capsys):
+    """Not jsonargparse's "the following arguments are required: model": the recipe a newcomer forgot, by name."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "`--config quickstart`" in err and "fedlight ls recipes" in err, err

@@ -121,6 +121,10 @@ def _parse(prog: str, argv: list[str]):
     argv = flags.resolve_names(locate.config_args(argv))  # --config quickstart: a bundled recipe by name
     flags.check_keys(argv)
     helps = any(a in ("-h", "--help") for a in argv)
+    asks = helps or any(a.split("=")[0].endswith(".help") for a in argv)  # --algorithm.help NAME needs no recipe
+    if not asks and not any(a.split("=")[0] in ("--config", "--model") for a in argv):
+        raise ConfigError("a recipe is needed: `--config quickstart` (a bundled recipe by name; `fedlight ls "
+                          "recipes` lists them), `--config path/to/recipe.yaml`, or `--model ... --data ...`")
     parser = _parser(prog, docs=helps or any(a.startswith("--print_config") for a in argv))
     try:
         plain = [a for a in argv if not a.startswith("--print_config")]  # printed below, with the paper's values
