@@ -42,6 +42,15 @@ def _save(fig, name: str) -> Path:
     return path
 
 
+def _label_bars(ax, names: list[str], rotation: int, fontsize: int, **labels) -> None:
+    """A bar chart's names under its bars (rotated), its ``ax.set`` labels and title, a y grid and the legend."""
+    ax.set_xticks(range(len(names)), names, rotation=rotation, ha="right", fontsize=fontsize)
+    ax.set(**labels)
+    ax.title.set_fontsize(10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+
+
 def fmnist_curves() -> Path:
     """FedAvg vs FedWMSAM, each at its tuned values, 3 seeds, 500 rounds:
     ``results/fedwmsam_tuned_fmnist/test_acc_by_round.csv`` (the paper's values: ``.../table.csv``)."""
@@ -83,12 +92,8 @@ def table1_measured_vs_paper() -> Path:
     ax.bar([x - 0.2 for x in xs], paper, width=0.4, color="#bbbbbb", label="paper (Table 1)")
     ax.bar([x + 0.2 for x in xs], mean, width=0.4, yerr=std, color="#1f77b4", capsize=2,
            label="fedlight (mean ± std over seeds)")
-    ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=8)
-    ax.set(ylabel="final test accuracy (%)", ylim=(70, 90),
-           title="FedWMSAM's Table 1, Fashion-MNIST Dir(0.1), 500 rounds: measured vs paper")
-    ax.title.set_fontsize(10)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    _label_bars(ax, names, 30, 8, ylabel="final test accuracy (%)", ylim=(70, 90),
+                title="FedWMSAM's Table 1, Fashion-MNIST Dir(0.1), 500 rounds: measured vs paper")
     return _save(fig, "fmnist_dir0.1_table1.png")
 
 
@@ -103,12 +108,8 @@ def algorithms_50_rounds() -> Path:
     papered = [(i, float(c[5])) for i, c in enumerate(table) if c[5].strip()]
     ax.scatter([i for i, _ in papered], [v for _, v in papered], color="black", marker="_", s=200, zorder=3,
                label="paper (500 rounds)")
-    ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=7)
-    ax.set(ylabel="test accuracy (%)", ylim=(50, 90),
-           title="Every rule, Fashion-MNIST Dir(0.1), 50 rounds")
-    ax.title.set_fontsize(10)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    _label_bars(ax, names, 60, 7, ylabel="test accuracy (%)", ylim=(50, 90),
+                title="Every rule, Fashion-MNIST Dir(0.1), 50 rounds")
     return _save(fig, "algorithms_fmnist_dir0.1.png")
 
 
