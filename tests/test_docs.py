@@ -152,6 +152,7 @@ def test_algorithm_table_is_generated():
 @pytest.fixture
 def sandbox(tmp_path, monkeypatch):
     """A working folder on sys.path; registry, sys.path and modules imported from the folder restored after."""
+    import fedlight.algorithms  # noqa: F401 - fedlight's own rules registered before the registry is saved
     from fedlight.core import registry
     saved_registry = dict(registry._REGISTRY)
     saved_path = list(sys.path)
