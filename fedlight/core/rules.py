@@ -24,6 +24,9 @@ from fedlight.core.messages import Broadcast, ClientResult, RoundInfo
 from fedlight.core.params import Params
 from fedlight.core.spec import remember_init_args
 
+__all__ = ["Broadcast", "ClientResult", "RoundInfo", "cross_entropy", "LocalContext", "LocalUpdateRule", "ServerRule",
+           "Algorithm"]  # the messages of fedlight.core.messages among them, in the API page's order
+
 
 def cross_entropy(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
     """Mean-reduced cross-entropy of ``model`` on ``(x, y)``."""
