@@ -204,3 +204,14 @@ def waited_on_probes_only(seen: dict) -> bool:
     """The ``network_waits`` fixture (conftest.py) saw the reachability probes (at most two) and at most one other
     connection (a library's single request, refused at once): no retry, and no back-off sleep."""
     return seen["probes"] <= 2 and seen["connections"] <= seen["probes"] + 1 and seen["slept_s"] < 1.0
+
+
+def load_script(path: Path):
+    """The module of a script that is not in a package (``tools/*.py``, ``docs/_ext/*.py``), imported from its
+    file under its stem's name."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
