@@ -1,7 +1,10 @@
-"""Test helpers: a tiny softmax-regression problem, a loop without files, and a numpy reference."""
+"""Test helpers: a tiny softmax-regression problem, a loop without files, a numpy reference, a script loaded from
+its file, and imports restored after a test that registers rules of its own."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -215,3 +218,23 @@ def load_script(path: Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def imports_restored(folder: Path):
+    """On exit, the algorithm registry (saved with fedlight's own rules registered) and ``sys.path`` as they were on
+    entry, and the modules imported from files under ``folder`` forgotten: a test may import and register rules of a
+    folder of its own."""
+    import fedlight.algorithms  # noqa: F401 - fedlight's own rules registered before the registry is saved
+    from fedlight.core import registry
+
+    saved_registry, saved_path, before = dict(registry._REGISTRY), list(sys.path), set(sys.modules)
+    try:
+        yield
+    finally:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(saved_registry)
+        sys.path[:] = saved_path
+        for name in set(sys.modules) - before:
+            if (getattr(sys.modules[name], "__file__", None) or "").startswith(str(folder)):
+                del sys.modules[name]
