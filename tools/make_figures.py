@@ -34,6 +34,13 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def _md_rows(name: str, pattern: str, sort_by: int) -> list[list[str]]:
+    """The cells of the rows of ``results/<name>``'s Markdown table that match ``pattern``, sorted by the number in
+    column ``sort_by``."""
+    table = [ln.split("|")[1:-1] for ln in (RESULTS / name).read_text().splitlines() if re.match(pattern, ln)]
+    return sorted(table, key=lambda c: float(c[sort_by]))
+
+
 def _save(fig, name: str) -> Path:
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / name
@@ -99,9 +106,7 @@ def table1_measured_vs_paper() -> Path:
 
 def algorithms_50_rounds() -> Path:
     """Every registered rule after 50 rounds (one seed), from the table of ``results/algorithms_fmnist_dir0.1.md``."""
-    table = [ln.split("|")[1:-1] for ln in (RESULTS / "algorithms_fmnist_dir0.1.md").read_text().splitlines()
-             if re.match(r"\| [a-z_]+ \| [0-9.]+ \|", ln)]
-    table.sort(key=lambda c: float(c[1]))
+    table = _md_rows("algorithms_fmnist_dir0.1.md", r"\| [a-z_]+ \| [0-9.]+ \|", 1)
     fig, ax = plt.subplots(figsize=(8, 3.4))
     names = [c[0].strip() for c in table]
     ax.bar(names, [float(c[1]) for c in table], color="#1f77b4", label="fedlight, final round (50 rounds, seed 0)")
@@ -210,9 +215,7 @@ def performance_pairs() -> Path:
 
 def rule_timing() -> Path:
     """Seconds per round of every rule relative to FedAvg: the table of ``results/rule_timing.md``."""
-    table = [ln.split("|")[1:-1] for ln in (RESULTS / "rule_timing.md").read_text().splitlines()
-             if re.match(r"\| [a-z_]+ \| [12] \|", ln)]
-    table.sort(key=lambda c: float(c[3]))
+    table = _md_rows("rule_timing.md", r"\| [a-z_]+ \| [12] \|", 3)
     fig, ax = plt.subplots(figsize=(8, 3))
     colors = ["#1f77b4" if c[1].strip() == "1" else "#d62728" for c in table]
     ax.bar([c[0].strip() for c in table], [float(c[3]) for c in table], color=colors)
