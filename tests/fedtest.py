@@ -1,7 +1,10 @@
-"""Test helpers: a tiny softmax-regression problem, a loop without files, and a numpy reference."""
+"""Test helpers: a tiny softmax-regression problem, a loop without files, a numpy reference, a script loaded from
+its file, and imports restored after a test that registers rules of its own."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -204,3 +207,34 @@ def waited_on_probes_only(seen: dict) -> bool:
     """The ``network_waits`` fixture (conftest.py) saw the reachability probes (at most two) and at most one other
     connection (a library's single request, refused at once): no retry, and no back-off sleep."""
     return seen["probes"] <= 2 and seen["connections"] <= seen["probes"] + 1 and seen["slept_s"] < 1.0
+
+
+def load_script(path: Path):
+    """The module of a script that is not in a package (``tools/*.py``, ``docs/_ext/*.py``), imported from its
+    file under its stem's name."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def imports_restored(folder: Path):
+    """On exit, the algorithm registry (saved with fedlight's own rules registered) and ``sys.path`` as they were on
+    entry, and the modules imported from files under ``folder`` forgotten: a test may import and register rules of a
+    folder of its own."""
+    import fedlight.algorithms  # noqa: F401 - fedlight's own rules registered before the registry is saved
+    from fedlight.core import registry
+
+    saved_registry, saved_path, before = dict(registry._REGISTRY), list(sys.path), set(sys.modules)
+    try:
+        yield
+    finally:
+        registry._REGISTRY.clear()
+        registry._REGISTRY.update(saved_registry)
+        sys.path[:] = saved_path
+        for name in set(sys.modules) - before:
+            if (getattr(sys.modules[name], "__file__", None) or "").startswith(str(folder)):
+                del sys.modules[name]

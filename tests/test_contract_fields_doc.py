@@ -1,5 +1,5 @@
 """docs/adding_an_algorithm.md's tables of LocalContext, Broadcast, ClientResult and RoundInfo are generated from
-fedlight/core/rules.py, so they cannot drift from the dataclasses.
+fedlight/core/rules.py and fedlight/core/messages.py, so they cannot drift from the dataclasses.
 
 Regenerate: ``python tests/test_contract_fields_doc.py``."""
 
@@ -30,7 +30,7 @@ def test_every_field_is_listed_with_a_meaning():
     for name in CONTRACT:
         for f in dataclasses.fields(getattr(rules, name)):
             row = next(ln for ln in table.splitlines() if ln.startswith(f"| `{f.name}` |"))
-            assert len(row.rsplit("|", 2)[1].strip()) > 5, f"{name}.{f.name} has no docstring in fedlight/core/rules.py"
+            assert len(row.rsplit("|", 2)[1].strip()) > 5, f"{name}.{f.name} has no docstring in fedlight/core/"
     for method in ("forward_backward", "grads", "apply", "loss", "set_lr", "zero_grad"):
         assert f"| `{method}(" in table
 

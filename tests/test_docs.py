@@ -152,22 +152,12 @@ def test_algorithm_table_is_generated():
 @pytest.fixture
 def sandbox(tmp_path, monkeypatch):
     """A working folder on sys.path; registry, sys.path and modules imported from the folder restored after."""
-    from fedlight.core import registry
-    saved_registry = dict(registry._REGISTRY)
-    saved_path = list(sys.path)
-    before = set(sys.modules)
-    monkeypatch.chdir(tmp_path)
-    sys.path.insert(0, str(tmp_path))
-    try:
+    from fedtest import imports_restored
+
+    with imports_restored(tmp_path):
+        monkeypatch.chdir(tmp_path)
+        sys.path.insert(0, str(tmp_path))
         yield tmp_path
-    finally:
-        registry._REGISTRY.clear()
-        registry._REGISTRY.update(saved_registry)
-        sys.path[:] = saved_path
-        for name in set(sys.modules) - before:
-            f = getattr(sys.modules[name], "__file__", None) or ""
-            if f.startswith(str(tmp_path)):
-                del sys.modules[name]
 
 
 def _bash_env() -> dict[str, str]:

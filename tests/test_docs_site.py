@@ -102,10 +102,9 @@ def test_cli_reference_is_every_commands_help():
 
 # ------------------------------------------------------------------------------------------------ pictures, pages
 def _round_diagram():
-    spec = importlib.util.spec_from_file_location("round_diagram", ROOT / "tools" / "round_diagram.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from fedtest import load_script
+
+    return load_script(ROOT / "tools" / "round_diagram.py")
 
 
 def test_the_round_diagram_names_only_calls_that_exist_and_is_the_committed_picture(tmp_path):
@@ -163,9 +162,9 @@ def test_every_user_page_is_in_the_navigation():
 def test_the_sidebar_takes_an_optional_page_once_it_exists_and_refuses_a_missing_one(tmp_path):
     from types import SimpleNamespace
 
-    spec = importlib.util.spec_from_file_location("fedlight_site", DOCS / "_ext" / "fedlight_site.py")
-    ext = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ext)
+    from fedtest import load_script
+
+    ext = load_script(DOCS / "_ext" / "fedlight_site.py")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.md").write_text("# A\n")
     config = SimpleNamespace(root_doc="docs/index", fedlight_nav={"Tutorials": ["a", "later"]},
@@ -183,9 +182,9 @@ def test_the_sidebar_takes_an_optional_page_once_it_exists_and_refuses_a_missing
 def test_a_link_to_a_repository_file_the_site_lacks_becomes_its_path_and_a_missing_one_stays_a_link():
     from types import SimpleNamespace
 
-    spec = importlib.util.spec_from_file_location("fedlight_site", DOCS / "_ext" / "fedlight_site.py")
-    ext = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ext)
+    from fedtest import load_script
+
+    ext = load_script(DOCS / "_ext" / "fedlight_site.py")
     app = SimpleNamespace(srcdir=str(ROOT), env=SimpleNamespace(found_docs={"docs/design", "docs/page"}))
     text = "[the README](../README.md), [`recipes/README.md`](../recipes/README.md), [gone](gone.md), [d](design.md#x)"
     assert ext.outside_links(app, "docs/page", text) == \

@@ -1,7 +1,6 @@
 """The README's and the results pages' pictures are redrawn from committed files by tools/make_figures.py, and every
 picture a page shows is in the repository and under 300 kB."""
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -9,10 +8,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _make_figures():
-    spec = importlib.util.spec_from_file_location("make_figures", ROOT / "tools" / "make_figures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from fedtest import load_script
+
+    return load_script(ROOT / "tools" / "make_figures.py")
 
 
 def test_make_figures_redraws_every_committed_picture(tmp_path):

@@ -14,7 +14,6 @@ import yaml
 
 import fedlight
 from fedlight.config.cli import main
-from fedlight.core import registry
 from fedlight.errors import ConfigError
 
 RULE = '''
@@ -49,21 +48,14 @@ TINY = ["--model", "fedlight.models.MLP", "--model.in_features", "60", "--model.
 @pytest.fixture
 def isolated(tmp_path, monkeypatch):
     """A working directory NOT on sys.path; registry, sys.path and modules loaded from tmp_path restored after."""
-    import fedlight.algorithms  # noqa: F401 - fedlight's own rules registered before the registry is saved
-    saved_registry, saved_path, before = dict(registry._REGISTRY), list(sys.path), set(sys.modules)
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    sys.path[:] = [p for p in sys.path if p not in ("", str(work))]
-    try:
+    from fedtest import imports_restored
+
+    with imports_restored(tmp_path):
+        work = tmp_path / "work"
+        work.mkdir()
+        monkeypatch.chdir(work)
+        sys.path[:] = [p for p in sys.path if p not in ("", str(work))]
         yield tmp_path
-    finally:
-        registry._REGISTRY.clear()
-        registry._REGISTRY.update(saved_registry)
-        sys.path[:] = saved_path
-        for name in set(sys.modules) - before:
-            if (getattr(sys.modules[name], "__file__", None) or "").startswith(str(tmp_path)):
-                del sys.modules[name]
 
 
 def _fit(out: Path, algorithm: list[str], capsys) -> tuple[int, str]:

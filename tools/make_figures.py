@@ -34,12 +34,28 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def _md_rows(name: str, pattern: str, sort_by: int) -> list[list[str]]:
+    """The cells of the rows of ``results/<name>``'s Markdown table that match ``pattern``, sorted by the number in
+    column ``sort_by``."""
+    table = [ln.split("|")[1:-1] for ln in (RESULTS / name).read_text().splitlines() if re.match(pattern, ln)]
+    return sorted(table, key=lambda c: float(c[sort_by]))
+
+
 def _save(fig, name: str) -> Path:
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / name
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def _label_bars(ax, names: list[str], rotation: int, fontsize: int, **labels) -> None:
+    """A bar chart's names under its bars (rotated), its ``ax.set`` labels and title, a y grid and the legend."""
+    ax.set_xticks(range(len(names)), names, rotation=rotation, ha="right", fontsize=fontsize)
+    ax.set(**labels)
+    ax.title.set_fontsize(10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
 
 
 def fmnist_curves() -> Path:
@@ -83,32 +99,22 @@ def table1_measured_vs_paper() -> Path:
     ax.bar([x - 0.2 for x in xs], paper, width=0.4, color="#bbbbbb", label="paper (Table 1)")
     ax.bar([x + 0.2 for x in xs], mean, width=0.4, yerr=std, color="#1f77b4", capsize=2,
            label="fedlight (mean ± std over seeds)")
-    ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=8)
-    ax.set(ylabel="final test accuracy (%)", ylim=(70, 90),
-           title="FedWMSAM's Table 1, Fashion-MNIST Dir(0.1), 500 rounds: measured vs paper")
-    ax.title.set_fontsize(10)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    _label_bars(ax, names, 30, 8, ylabel="final test accuracy (%)", ylim=(70, 90),
+                title="FedWMSAM's Table 1, Fashion-MNIST Dir(0.1), 500 rounds: measured vs paper")
     return _save(fig, "fmnist_dir0.1_table1.png")
 
 
 def algorithms_50_rounds() -> Path:
     """Every registered rule after 50 rounds (one seed), from the table of ``results/algorithms_fmnist_dir0.1.md``."""
-    table = [ln.split("|")[1:-1] for ln in (RESULTS / "algorithms_fmnist_dir0.1.md").read_text().splitlines()
-             if re.match(r"\| [a-z_]+ \| [0-9.]+ \|", ln)]
-    table.sort(key=lambda c: float(c[1]))
+    table = _md_rows("algorithms_fmnist_dir0.1.md", r"\| [a-z_]+ \| [0-9.]+ \|", 1)
     fig, ax = plt.subplots(figsize=(8, 3.4))
     names = [c[0].strip() for c in table]
     ax.bar(names, [float(c[1]) for c in table], color="#1f77b4", label="fedlight, final round (50 rounds, seed 0)")
     papered = [(i, float(c[5])) for i, c in enumerate(table) if c[5].strip()]
     ax.scatter([i for i, _ in papered], [v for _, v in papered], color="black", marker="_", s=200, zorder=3,
                label="paper (500 rounds)")
-    ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=7)
-    ax.set(ylabel="test accuracy (%)", ylim=(50, 90),
-           title="Every rule, Fashion-MNIST Dir(0.1), 50 rounds")
-    ax.title.set_fontsize(10)
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    _label_bars(ax, names, 60, 7, ylabel="test accuracy (%)", ylim=(50, 90),
+                title="Every rule, Fashion-MNIST Dir(0.1), 50 rounds")
     return _save(fig, "algorithms_fmnist_dir0.1.png")
 
 
@@ -209,9 +215,7 @@ def performance_pairs() -> Path:
 
 def rule_timing() -> Path:
     """Seconds per round of every rule relative to FedAvg: the table of ``results/rule_timing.md``."""
-    table = [ln.split("|")[1:-1] for ln in (RESULTS / "rule_timing.md").read_text().splitlines()
-             if re.match(r"\| [a-z_]+ \| [12] \|", ln)]
-    table.sort(key=lambda c: float(c[3]))
+    table = _md_rows("rule_timing.md", r"\| [a-z_]+ \| [12] \|", 3)
     fig, ax = plt.subplots(figsize=(8, 3))
     colors = ["#1f77b4" if c[1].strip() == "1" else "#d62728" for c in table]
     ax.bar([c[0].strip() for c in table], [float(c[3]) for c in table], color=colors)

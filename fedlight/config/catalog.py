@@ -76,7 +76,8 @@ def readme_table_markdown() -> str:
 
 
 CONTRACT = ("LocalContext", "Broadcast", "ClientResult", "RoundInfo")
-"""The dataclasses a rule reads and writes (:mod:`fedlight.core.rules`), tabulated in docs/adding_an_algorithm.md."""
+"""The dataclasses a rule reads and writes (:mod:`fedlight.core.rules`, the messages defined in
+:mod:`fedlight.core.messages`), tabulated in docs/adding_an_algorithm.md."""
 
 
 def _markdown(text: str) -> str:
@@ -101,13 +102,14 @@ def _field_docs(module) -> dict[tuple[str, str], str]:
 
 def contract_fields_markdown() -> str:
     """The fields of the rule contract's dataclasses (:data:`CONTRACT`) and ``LocalContext``'s methods, as Markdown
-    tables generated from :mod:`fedlight.core.rules` itself."""
+    tables generated from the source of the modules that define them (:mod:`fedlight.core.rules`,
+    :mod:`fedlight.core.messages`)."""
     import dataclasses
     import inspect
 
-    from fedlight.core import rules
+    from fedlight.core import messages, rules
 
-    docs, out = _field_docs(rules), []
+    docs, out = {**_field_docs(rules), **_field_docs(messages)}, []
     for name in CONTRACT:
         cls = getattr(rules, name)
         out += [f"**`{name}`**: {_markdown(inspect.getdoc(cls).splitlines()[0])}", "",

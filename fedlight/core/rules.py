@@ -4,6 +4,8 @@ An algorithm is a pair of rules plus its shared hyperparameters (``Algorithm``).
 method are FedAvg, so a rule overrides only the lines of its paper's pseudocode that differ.
 Rules see only trainable parameters (``Params``); the loop averages BatchNorm statistics itself.
 Nothing here imports the loop or the data module, so rules can be used from any Fabric script.
+The messages the two halves exchange (``Broadcast``, ``ClientResult``, ``RoundInfo``) live in
+:mod:`fedlight.core.messages` and are importable from here.
 """
 
 from __future__ import annotations
@@ -18,60 +20,12 @@ from torch import Tensor, nn
 
 from fedlight.core import params as P
 from fedlight.core import precision as precisions
+from fedlight.core.messages import Broadcast, ClientResult, RoundInfo
 from fedlight.core.params import Params
 from fedlight.core.spec import remember_init_args
 
-
-@dataclass
-class Broadcast:
-    """Server → sampled client, once per round."""
-
-    params: Params
-    """Where the client starts (``y_{i,0}``), usually ``x_r``."""
-    extras: dict[str, Params] = field(default_factory=dict)
-    """Model-sized vectors sent along, e.g. ``{"c": c}`` (SCAFFOLD) or ``{"m": m}`` (FedNSAM)."""
-    scalars: dict[str, float] = field(default_factory=dict)
-    """Scalars sent along, e.g. ``{"alpha": α}`` (FedWMSAM)."""
-
-    def nbytes(self) -> int:
-        """Bytes on the wire, counting every tensor and 4 bytes per scalar."""
-        return P.nbytes(self.params) + sum(P.nbytes(v) for v in self.extras.values()) + 4 * len(self.scalars)
-
-
-@dataclass
-class ClientResult:
-    """Client → server. The loop averages these into one ``ClientResult`` handed to ``ServerRule.update``."""
-
-    delta: Params
-    """``Δ_i = y_{i,K} − y_{i,0}``."""
-    num_samples: int = 0
-    """The client's ``n_i``; filled by the loop, used for sample weighting."""
-    extras: dict[str, Params] = field(default_factory=dict)
-    """Model-sized uploads besides Δ (``{"delta_c": Δc_i}``). Averaged like Δ unless the server rule
-    lists the key in ``ServerRule.summed_extras`` (then summed over clients)."""
-    metrics: dict[str, Any] = field(default_factory=dict)
-    """Per-client scalars (floats or 0-dim tensors); the loop averages them uniformly over clients."""
-    upload_scalars: int = 0
-    """Extra scalars uploaded (e.g. FedAdamW's B block means), counted at 4 bytes each."""
-
-    def nbytes(self) -> int:
-        return P.nbytes(self.delta) + sum(P.nbytes(v) for v in self.extras.values()) + 4 * self.upload_scalars
-
-
-@dataclass
-class RoundInfo:
-    """What a server rule may know about the current round (all identical on every process)."""
-
-    round: int
-    """0-based index ``r`` of the round being trained."""
-    lr: float
-    """The round's local learning rate ``η_r``."""
-    num_steps: float
-    """Mean ``K`` over the sampled clients (equal for equal-size clients)."""
-    num_clients: int
-    """``N``, all clients."""
-    sampled: Sequence[int] = ()
-    """Ids of ``S_r``, the clients sampled this round."""
+__all__ = ["Broadcast", "ClientResult", "RoundInfo", "cross_entropy", "LocalContext", "LocalUpdateRule", "ServerRule",
+           "Algorithm"]  # the messages of fedlight.core.messages among them, in the API page's order
 
 
 def cross_entropy(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:

@@ -11,6 +11,7 @@ run's files as artifacts.
 ``metrics.jsonl``'s numbers; a resume continues the same tracker run and sends only the rows it lacks (for W&B, the
 rows its local run files lack: :mod:`fedlight.run.wandb_files`). Unreachable at start: :class:`ConfigError` (exit 2)
 before round 1; failing later: one warning line, training goes on, and ``summary.json`` lists the rounds it missed.
+MLflow's default store and its log lines: :mod:`fedlight.run.mlflow_store`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlight.errors import ConfigError
-from fedlight.run import atomic, faults, wandb_files
+from fedlight.run import atomic, faults, mlflow_store, wandb_files
 from fedlight.run.directory import flatten
 from fedlight.run.files import round_ranges
 
@@ -71,7 +72,7 @@ class Trackers:
         for e in self.entries:
             name, known = e["name"], self._held(e, self.state.get(e["name"], {}))
             try:
-                with _quiet():  # MLflow's INFO lines as it creates a new store's tables
+                with mlflow_store.quiet():  # MLflow's INFO lines as it creates a new store's tables
                     logger = e.get("logger") or self._build(e, known)
                     run_id = _run_id(logger)  # connects: creates or opens the tracker's run
                 if known.get("id") is None or known.get("describe"):
@@ -112,14 +113,8 @@ class Trackers:
         params = inspect.signature(cls).parameters
         ours = e["name"].startswith(("mlflow", "wandb"))  # WandbLogger hands **kwargs to wandb.init
         args = {**{k: v for k, v in self._defaults(e["name"]).items() if ours or k in params}, **e["init_args"]}
-        if e["name"].startswith("mlflow") and not args.get("tracking_uri") and "save_dir" not in e["init_args"]:
-            uri = self.default_stores[e["name"]] = args["tracking_uri"] = known.get("tracking_uri") or default_store()
-            print(f"fedlight: note: mlflow: logging to {uri}, MLflow's default store (MLFLOW_TRACKING_URI or the "
-                  f"logger's tracking_uri chooses another; `mlflow ui --backend-store-uri {uri}` shows it)",
-                  file=sys.stderr, flush=True)
-        uri = str(args.get("tracking_uri") or "")
-        if e["name"].startswith("mlflow") and uri.startswith("sqlite:///") and not args.get("artifact_location"):
-            args["artifact_location"] = _beside(uri)  # else MLflow puts them in ./mlruns of the working directory
+        if e["name"].startswith("mlflow") and (uri := mlflow_store.fill(args, e["init_args"], known)) is not None:
+            self.default_stores[e["name"]] = uri
         resume_arg = next((a for a in RESUME_ARGS if a in params), None)
         if known.get("id") is not None and resume_arg is not None:
             args[resume_arg] = known["id"]
@@ -180,7 +175,7 @@ class Trackers:
             if name in self.failed or step <= self.state[name]["logged"]:
                 continue
             try:
-                with _quiet():
+                with mlflow_store.quiet():
                     logger.log_metrics(numbers, step=step)
                 self.state[name]["logged"] = step
                 sent = True
@@ -231,7 +226,8 @@ class Trackers:
             self.writer.close()
         for name, logger in self.loggers.items():
             failed = name in self.failed
-            with contextlib.suppress(Exception), _quiet():  # the tracker is gone; the run's files are what counts
+            # the tracker is gone; the run's files are what counts
+            with contextlib.suppress(Exception), mlflow_store.quiet():
                 _end(logger, "KILLED" if hasattr(logger, "run_id") and not failed else "failed")
         self.loggers = {}
 
@@ -271,39 +267,10 @@ def _is_wandb(logger) -> bool:
     return type(logger).__module__.endswith("wandb")
 
 
-def default_store() -> str:
-    """The store MLflow itself uses where no tracking URI is set: ``sqlite:///mlflow.db`` in the working directory
-    (an existing ``./mlruns`` file store instead, as MLflow decides), as an absolute URI. Lightning's
-    ``MLFlowLogger`` would use a ``./mlruns`` file store, which MLflow 3 refuses."""
-    import mlflow
-
-    return mlflow.get_tracking_uri()
-
-
-def _beside(sqlite_uri: str) -> str:
-    """``mlruns/`` next to the SQLite database of ``sqlite:///PATH`` (relative paths: from the working directory),
-    as a ``file://`` URI: where a new experiment keeps its artifacts."""
-    return (Path(sqlite_uri[len("sqlite:///"):]).resolve().parent / "mlruns").as_uri()
-
-
 def _json(path: Path) -> dict[str, Any]:
     with contextlib.suppress(OSError, ValueError):
         return json.loads(path.read_text()) or {}
     return {}
-
-
-@contextlib.contextmanager
-def _quiet():
-    """MLflow logs a failed store call with its traceback, then raises it: fedlight reports it once, in one line.
-    Also MLflow's INFO lines as it creates a new store's tables."""
-    import logging
-
-    log = logging.getLogger("mlflow")
-    level, log.level = log.level, logging.CRITICAL + 1
-    try:
-        yield
-    finally:
-        log.setLevel(level)
 
 
 def warn_failed(who: str, step: int, err: BaseException, after: str) -> None:

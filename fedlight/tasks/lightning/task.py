@@ -28,6 +28,7 @@ from fedlight.tasks.base import LocalOptimization, Task, higher_is_better
 from fedlight.tasks.lightning.compat import is_lightning_module, module_name, takes_index
 from fedlight.tasks.lightning.hooks import ClientHooks, batch_output, call_hook, frozen, set_lrs
 from fedlight.tasks.lightning.logs import ClientLogs, aggregator, batch_size, capture_logs
+from fedlight.tasks.lightning.steps import GlobalSteps
 from fedlight.tasks.lightning.trainer import FedTrainer, attach
 
 PREFIXES = ("test_", "val_", "test/", "val/", "valid_", "validation_")
@@ -35,7 +36,7 @@ PREFIXES = ("test_", "val_", "test/", "val/", "valid_", "validation_")
 __all__ = ["LightningTask", "capture_logs", "is_lightning_module"]
 
 
-class LightningTask(Task):
+class LightningTask(GlobalSteps, Task):
     """The task a LightningModule brings (built by ``fit`` when the model is one; no need to pass it).
 
     Args:
@@ -116,47 +117,6 @@ class LightningTask(Task):
             self.trainer.at(self.round, self.step_offset(self.round, self.steps), "training")
             call_hook(self.module, "on_fit_start")
             call_hook(self.module, "on_train_start")
-
-    # ----------------------------------------------------------------------------------------- global_step
-    def step_offset(self, round: int, steps: int) -> int:
-        """``global_step`` when a client of ``steps`` batches begins round ``round``: the optimizer steps a Trainer
-        fitting that client would have counted in the rounds before (``K`` a round under automatic optimisation;
-        under manual optimisation the ``S`` a client of ``K`` batches took, learned from its first round)."""
-        if not self.manual:
-            return round * steps
-        if steps not in self.round_steps and self.round_steps:  # a client size not seen yet: the nearest one's rate
-            near = min(self.round_steps, key=lambda k: abs(k - steps))
-            return round * round_half(self.round_steps[near] * steps / near)
-        return round * self.round_steps.get(steps, steps)
-
-    def learned_steps(self, steps: int, taken: int) -> None:
-        if self.manual:
-            self.round_steps.setdefault(steps, taken)
-
-    def total_steps(self, round: int) -> int:
-        """``global_step`` once round ``round`` is done (evaluation, the checkpoints)."""
-        return self.step_offset(round + 1, self.steps)
-
-    # ----------------------------------------------------------------------------------------- checkpoints
-    def checkpoint_state(self) -> dict[str, Any]:
-        """What a fedlight checkpoint keeps of the module (:mod:`.checkpoint`): its ``on_save_checkpoint`` extras and
-        its DataModule's ``state_dict``, as Lightning's checkpoint holds them, and the steps learned per round."""
-        from fedlight.tasks.lightning.checkpoint import extras
-
-        if self.trainer is None:
-            return {}
-        return {"extras": extras(self.module, self.round, self.total_steps(self.round), self.trainer.datamodule),
-                "round_steps": dict(self.round_steps)}
-
-    def load_checkpoint_state(self, state: dict[str, Any], model: nn.Module) -> None:
-        """On ``--resume``: the DataModule's ``load_state_dict`` and the module's ``on_load_checkpoint``, as
-        Lightning's Trainer restores a checkpoint."""
-        from fedlight.tasks.lightning.checkpoint import restore
-
-        if self.trainer is None or not state:
-            return
-        self.round_steps.update(state.get("round_steps", {}))
-        restore(self.module, state.get("extras", {}), self.trainer.datamodule)
 
     def final_files(self, model: nn.Module) -> dict[str, Any]:
         """``final_model.ckpt``, which ``LightningModule.load_from_checkpoint`` loads (:mod:`.checkpoint`)."""
@@ -313,10 +273,6 @@ class LightningTask(Task):
 
     def __repr__(self) -> str:
         return "LightningTask()"
-
-
-def round_half(x: float) -> int:
-    return int(x + 0.5)
 
 
 def _strip(name: str) -> str:
