@@ -108,8 +108,8 @@ class MomentumStatsServer(ServerWrapper):
         return {**super().diagnostics(), **self._stats}
 
 
-@register("fedcm_client", paper="FedCM (Xu et al., arXiv:2106.10874) with per-client momentum", backprops=1, comm=(1, 2),
-          stateful_clients=True)
+@register("fedcm_client", paper="FedCM (Xu et al., arXiv:2106.10874) with per-client momentum", backprops=1,
+          comm=(1, 2), stateful_clients=True)
 class FedCMClient(Algorithm):
     """FedCM with persistent per-client momentum buffers: ``v_k ← β·v_k + g``, ``y ← y − η·v_k``; server FedAvg.
 
