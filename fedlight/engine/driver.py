@@ -89,6 +89,9 @@ class FitDriver:
         """The loop settings that train (a task's own local optimization may have rewritten the given ones)."""
         return self.loop.cfg
 
+    has_test = True
+    """Whether the data yields a test batch (:meth:`probe` looks)."""
+
     # ----------------------------------------------------------------------------------------- checks
     def probe(self) -> None:
         """One training batch (client 0) and one test batch through model + task, changing nothing: a model that
@@ -96,8 +99,9 @@ class FitDriver:
         loop = self.loop
         gen = torch.Generator().manual_seed(loop.seed)
         train = next(iter(loop.data.client_batches(0, 1, gen)))
-        test = next(iter(loop.data.test_batches()), train)
-        loop.task.probe(loop.model, train, test, loop.data, loop.fabric)
+        test = next(iter(loop.data.test_batches()), None)
+        self.has_test = test is not None  # else nothing is evaluated (said at the start)
+        loop.task.probe(loop.model, train, train if test is None else test, loop.data, loop.fabric)
 
     def resume(self, ckpt: dict[str, Any], path: Path | str, settings: dict[str, Any] | None = None) -> None:
         """Continue from a loaded checkpoint; one of another run (model, clients, seed, or defining ``settings``)
@@ -118,6 +122,8 @@ class FitDriver:
         loop = self.loop
         loop.load_global()
         fault("eval", loop.state.rounds_done)  # the kill-safety tests stop the run here
+        if not self.has_test:
+            return {}  # no test set: nothing measured (said at the start), not a NaN loss and 0 % accuracy
         ws, rank = loop.fabric.world_size, loop.fabric.global_rank
         mine = (b for j, b in enumerate(loop.data.test_batches()) if j % ws == rank)
         return loop.task.evaluate(loop.model, mine, loop.fabric)
@@ -137,6 +143,8 @@ class FitDriver:
         record.begin(start, state.last_row)
         if start < loop.cfg.rounds:
             loop.fabric.print(f"fedlight: client runner: {loop.runner.name} ({loop.runner_reason})")
+            if not self.has_test:
+                loop.fabric.print("fedlight: note: the data has no test set: nothing is evaluated (no test metrics)")
         for r in range(start, loop.cfg.rounds):
             row = yield from self._fit_round(r)
             if row is None:
