@@ -23,15 +23,13 @@ from fedlight.run.files import check_metrics, load_checkpoint
 def start(out: Path, resume: str | None, overwrite: bool, defining: dict[str, Any], rounds: int | None = None):
     """The checkpoint a resume continues from (path and contents; ``None`` for a fresh run), after checking that
     ``out`` may be used, and whether to clear it (a failed start's directory is reused). ``rounds``: the run's
-    rounds (a checkpoint of that many: a finished run, checked file by file, :func:`check_finished`)."""
+    rounds (a finished run told to ``overwrite`` starts over: its rows are not read)."""
     check_out_dir(out)
     ckpt_path, ckpt = load_resume(resolve_resume(resume, out, defining), resume == "auto", note)
     if ckpt is not None and ckpt_path.parent.parent.resolve() == out.resolve():
         done = rounds is not None and int(ckpt["round"]) >= rounds
         if not (done and overwrite):  # a finished run told to overwrite starts over (:func:`finished`): none of it read
             check_metrics(out / "metrics.jsonl", ckpt)  # never silently fewer rows, nor another run's or edited ones
-            if done:
-                check_finished(out, ckpt_path, ckpt)
     return ckpt_path, ckpt, check_existing(out, resume, overwrite)
 
 
@@ -39,12 +37,13 @@ REBUILT = ("summary.json", "final_model.pt")
 """Files a resumed finished run writes again from its checkpoint and rows (config.yaml: :func:`config_damaged`)."""
 
 
-def check_finished(out: Path, ckpt_path: Path, ckpt: dict[str, Any]) -> None:
+def check_finished(out: Path, ckpt_path: Path, ckpt: dict[str, Any]) -> list[str]:
     """A finished run resumed trains nothing, so it ends with every file verifying (as ``fedlight verify`` checks
     them) or does not start: a damaged summary.json or final_model.pt is written again from the checkpoint (said in a
-    note), any other damaged file is refused, named."""
+    note; returned: the finishing pass writes them), any other damaged file is refused, named."""
     from fedlight.run.verify import check_run
 
+    rebuilt = []
     for status, name, why in check_run(out):
         if status != "damaged" or name in ("config.yaml", "metrics.jsonl"):  # rewritten / checked by check_metrics
             continue
@@ -54,6 +53,8 @@ def check_finished(out: Path, ckpt_path: Path, ckpt: dict[str, Any]) -> None:
                               f"or client state the run no longer needs (`fedlight verify {out}` lists every file)")
         note(f"{out / name} is damaged: {why}; written again from the checkpoint {ckpt_path} (round {ckpt['round']}, "
              "the run's last)")
+        rebuilt.append(name)
+    return rebuilt
 
 
 class Finished(dict):
@@ -73,6 +74,8 @@ def finished(plan, overwrite: bool) -> Finished | None:
         return None
     if int(ckpt["round"]) != plan.loop.rounds or differences(json.loads(ckpt.get("settings") or "{}"), plan.defining):
         return None  # another run's settings: refused with the differences, later
+    if check_finished(out, plan.ckpt_path, ckpt):
+        return None  # a damaged summary.json or final_model.pt: the finishing pass writes it again
     try:
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
