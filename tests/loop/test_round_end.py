@@ -17,6 +17,7 @@ from fedtest import DEVICES, image_clients, make_loop, tiny_cnn
 import fedlight
 from fedlight.core import params as P
 from fedlight.core.loop_config import LoopConfig, LRSchedule
+from fedlight.data import gather
 from fedlight.engine.loop import Diverged, FederatedLoop
 from fedlight.models import SmallCNN
 from fedlight.runners import stacked, stacking
@@ -66,8 +67,8 @@ def assert_equal(a, b, what="run"):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["fedavg", "scaffold", "fednsam"])
 def test_one_gather_and_the_chunk_round_end_are_bitwise_today(name, device, monkeypatch):
-    calls, one_gather = [], stacked.gather.stacked_batches
-    monkeypatch.setattr(stacked.gather, "stacked_batches", lambda *a: calls.append(1) or one_gather(*a))
+    calls, one_gather = [], gather.stacked_batches
+    monkeypatch.setattr(gather, "stacked_batches", lambda *a: calls.append(1) or one_gather(*a))
     new = trained(image_loop(name, device=device))
     assert len(calls) >= 3, "the new route gathers every chunk at once"
     with monkeypatch.context() as m:
