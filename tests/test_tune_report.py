@@ -89,3 +89,42 @@ def test_a_best_value_inside_its_range_is_not_named(tmp_path, monkeypatch, capsy
 def test_position_in_the_range(value, dist, pos):
     got = tune_report.position(value, dist)
     assert got == pytest.approx(pos) if pos is not None else got is None
+
+
+def test_a_report_read_while_the_last_trial_ran_is_written_again_once_the_study_is_spent(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """Two workers share a study: one reads it while the other's last trial runs, and its "not finished" report can
+    land after the other's "budget spent" one. Here the last trial finishes between the read and the write (as the
+    other worker would): ``tune.md`` must end saying the budget is spent, with that trial complete."""
+    dists = {"loop.lr": optuna.distributions.FloatDistribution(0.01, 1.0, log=True),
+             "algorithm.init_args.server_lr": optuna.distributions.FloatDistribution(0.5, 1.5)}
+    params = {"loop.lr": 0.1, "algorithm.init_args.server_lr": 1.0}
+    done = [optuna.trial.create_trial(params=params, distributions=dists, value=v) for v in (0.5, 0.6)]
+    running = optuna.trial.create_trial(params=params, distributions=dists,
+                                        state=optuna.trial.TrialState.RUNNING)
+    written, finish = [], []
+    original = tune_report._write
+
+    def racing(job, command):  # the other worker ends its trial right after this one has read the study
+        result = original(job, command)
+        written.append(result[1])
+        if finish:
+            study = job.studies["fedavg"]
+            trial = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.RUNNING][0]
+            study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.COMPLETE, [0.7])
+            finish.clear()
+        return result
+
+    monkeypatch.setattr(tune_report, "_write", racing)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    Path("spec.yaml").write_text(yaml.safe_dump(SPEC, sort_keys=False))
+    _make_study(Path("spec.yaml"), Path("out"))
+    study = optuna.load_study(study_name="spec/fedavg", storage=f"sqlite:///{tmp_path / 'out' / 'study.db'}")
+    for t in (*done, running):
+        study.add_trial(t)
+    finish.append(True)
+    assert main(["tune", "spec.yaml", "--out", "out", "--report-only"]) == 0
+    assert written == [False, True]  # read unspent, written again once spent
+    text = (tmp_path / "out" / "tune.md").read_text()
+    assert "budget spent: every trial finished" in text and "(last report)" not in text

@@ -21,14 +21,34 @@ edge of the space: the search has not bracketed the optimum in that setting."""
 
 
 def write(job, command: str) -> str:
-    """Write the three outputs beside the runs (``job``: a :class:`fedlight.lab.tuning.cli.Job`); the Markdown text."""
+    """Write the three outputs beside the runs (``job``: a :class:`fedlight.lab.tuning.cli.Job`); the Markdown text.
+
+    Workers sharing a study each write these when they stop, and a worker's "not finished" report, read while
+    another ran its last trial, may land after that worker's "budget spent" one: so a report written unspent is
+    written again if the study is spent once it is on disk (the last write is never older than the study)."""
+    while True:
+        text, spent = _write(job, command)
+        if spent or not _spent(job):
+            return text
+
+
+def _spent(job, trials=None) -> bool:
+    """Every row has its trials, none running (``trials``: the rows' trials as read; else read now)."""
+    import optuna
+
+    running = optuna.trial.TrialState.RUNNING
+    rows = trials if trials is not None else [s.get_trials(deepcopy=False) for s in job.studies.values()]
+    return all(len(ts) >= job.tune.trials and not any(t.state == running for t in ts) for ts in rows)
+
+
+def _write(job, command: str) -> tuple[str, bool]:
     import optuna
 
     from fedlight.run.files import atomic_write_text, git_revision
 
     tune, states = job.tune, optuna.trial.TrialState
     studies = {row: s.get_trials(deepcopy=False) for row, s in job.studies.items()}
-    spent = all(len(ts) >= tune.trials and not any(t.state == states.RUNNING for t in ts) for ts in studies.values())
+    spent = _spent(job, studies.values())
     lines = [f"# Tuning: {job.spec['title']}", "",
              f"- Spec: `{job.spec_path}` · base recipe `{job.spec['base']}` · column `{tune.column}`",
              f"- Objective: {tune.objective} ({rep.metric_label(tune.objective)}; "
@@ -69,7 +89,7 @@ def write(job, command: str) -> str:
     text = "\n".join([*lines, "", *edge_report(job), "", *detail])
     atomic_write_text(job.out / "tune.md", text + "\n")
     atomic_write_text(job.out / "tune.csv", buf.getvalue())
-    return text
+    return text, spent
 
 
 def position(value: Any, dist: dict[str, Any]) -> float | None:
